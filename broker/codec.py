@@ -1,0 +1,171 @@
+"""msgpack <-> attrs for the wire types, rejecting bad payloads with `InvalidMessage`.
+
+A payload is a msgpack map of field names plus `t` (the type name) and `v` (the protocol
+version). Unknown keys are ignored, so a newer peer may add fields within one version.
+Decoding never trusts the payload: every field is type-checked and then the class validators run.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import msgpack
+
+from .errors import ErrorKind, InvalidMessage, VramfabricError
+from .messages import PROTOCOL_VERSION, ErrorReply
+
+T = TypeVar("T")
+Conv = Callable[[Any], Any]
+
+# The server's default max_payload; nothing valid is larger, so nothing larger is unpacked.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class RemoteError(VramfabricError):
+    """A peer answered a request with an ErrorReply."""
+
+    def __init__(self, kind: ErrorKind, error: str) -> None:
+        super().__init__(f"{kind.value}: {error}")
+        self.remote_kind = kind
+        self.error = error
+
+
+def encode(obj: Any) -> bytes:
+    """Serialise a wire object (an attrs instance) to msgpack bytes."""
+    body = _unstructure(obj)
+    body["t"] = type(obj).__name__
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(cls: type[T], data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> T:
+    """Parse `data` as a `cls`; raise InvalidMessage, or RemoteError for an ErrorReply."""
+    what = cls.__name__
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidMessage(what, f"payload is {type(data).__name__}, not bytes")
+    if len(data) > max_bytes:
+        raise InvalidMessage(what, f"payload of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many unrelated types for garbage
+        raise InvalidMessage(what, f"not msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(body, dict):
+        raise InvalidMessage(what, f"expected a map, got {type(body).__name__}")
+    tag = body.get("t")
+    if tag == "ErrorReply" and cls is not ErrorReply:
+        reply = _structure(ErrorReply, body, "ErrorReply")
+        raise RemoteError(reply.kind, reply.error)
+    if tag != what:
+        raise InvalidMessage(what, f"type tag is {tag!r}, expected {what!r}")
+    version = body.get("v")
+    if version != PROTOCOL_VERSION:
+        raise InvalidMessage(
+            what,
+            f"protocol version {version!r} is not supported (this peer speaks {PROTOCOL_VERSION})",
+        )
+    return _structure(cls, body, what)
+
+
+def _unstructure(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return {f.name: _unstructure(getattr(value, f.name)) for f in attrs.fields(type(value))}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_unstructure(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _unstructure(v) for k, v in value.items()}
+    return value
+
+
+def _structure(cls: type[T], body: dict[str, Any], what: str) -> T:
+    kwargs: dict[str, Any] = {}
+    for name, conv, required in _plan(cls):
+        if name in body:
+            try:
+                kwargs[name] = conv(body[name])
+            except (TypeError, ValueError) as exc:
+                raise InvalidMessage(what, f"field {name!r}: {exc}") from None
+        elif required:
+            raise InvalidMessage(what, f"missing field {name!r}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(what, str(exc)) from None
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, Conv, bool], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f.name, _converter(hints[f.name]), f.default is attrs.NOTHING) for f in attrs.fields(cls)
+    )
+
+
+def _converter(tp: Any) -> Conv:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [_converter(a) for a in args if a is not type(None)]
+        return _optional(inner[0]) if len(inner) == 1 else _fail(f"unsupported union {tp}")
+    if origin is tuple:
+        return _tuple_of(_converter(args[0]))
+    if origin in (Mapping, dict, typing.Mapping):
+        return _map_of(_converter(args[1]))
+    if tp is Any:
+        return _primitive
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if isinstance(tp, type) and attrs.has(tp):
+        return lambda v: _structure(tp, _expect(dict, v), tp.__name__)
+    return _SCALARS[tp]
+
+
+def _expect(tp: type, value: Any) -> Any:
+    # bool is an int subclass: never let True stand for a count.
+    if not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
+        raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any) -> float:
+    return float(_expect(int | float, value))  # type: ignore[arg-type]
+
+
+_SCALARS: dict[Any, Conv] = {
+    int: lambda v: _expect(int, v),
+    float: _float,
+    str: lambda v: _expect(str, v),
+    bytes: lambda v: bytes(_expect(bytes, v)),
+    bool: lambda v: _expect(bool, v),
+}
+
+
+def _optional(conv: Conv) -> Conv:
+    return lambda v: None if v is None else conv(v)
+
+
+def _tuple_of(conv: Conv) -> Conv:
+    return lambda v: tuple(conv(x) for x in _expect(list, v))
+
+
+def _map_of(conv: Conv) -> Conv:
+    def convert(v: Any) -> dict[str, Any]:
+        return {_expect(str, k): conv(x) for k, x in _expect(dict, v).items()}
+
+    return convert
+
+
+def _primitive(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        raise TypeError("expected a scalar (int, float, str, bytes, bool or nil)")
+    return value
+
+
+def _fail(why: str) -> Conv:
+    raise TypeError(why)

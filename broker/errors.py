@@ -1,0 +1,179 @@
+"""The one exception tree of vramfabric: transient errors are retried, permanent ones are not.
+
+Every error carries an `ErrorKind`, the value that travels in `ChunkResult.error_kind` and in
+error replies. `from_nats` is the single place where nats-py exceptions become ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import ClassVar
+
+import nats.errors
+import nats.js.errors
+
+# JetStream err_code for "maximum messages per subject exceeded": on the first-result-wins
+# results stream it means "a result is already recorded", not "retry" (NATS_GUIDE.md section 2).
+ERR_CODE_RESULT_RECORDED = 10077
+
+
+class ErrorKind(str, enum.Enum):
+    """Wire value naming the class of a failure."""
+
+    LOAD_FAILED = "load_failed"
+    LAUNCH_FAILED = "launch_failed"
+    VRAM_EXCEEDED = "vram_exceeded"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_DENIED = "lease_denied"
+    DISCONNECTED = "disconnected"
+    INVALID_MESSAGE = "invalid_message"
+    KERNEL_NOT_FOUND = "kernel_not_found"
+    EXHAUSTED = "exhausted"
+    ERROR = "error"
+
+
+class VramfabricError(Exception):
+    """Root of every vramfabric error; never raised bare."""
+
+    kind: ClassVar[ErrorKind] = ErrorKind.ERROR
+
+
+class TransientError(VramfabricError):
+    """A failure that may pass: the chunk is redelivered until its deliveries run out."""
+
+
+class Disconnected(TransientError):
+    """The NATS connection or a request to a peer failed or timed out."""
+
+    kind = ErrorKind.DISCONNECTED
+
+
+class LeaseExpired(TransientError):
+    """The lease a chunk ran on was reaped before the chunk finished."""
+
+    kind = ErrorKind.LEASE_EXPIRED
+
+    def __init__(self, lease_id: str) -> None:
+        super().__init__(f"lease {lease_id} expired")
+        self.lease_id = lease_id
+
+
+class LeaseDenied(TransientError):
+    """A node refused a lease request (no capacity, stale advert, quota)."""
+
+    kind = ErrorKind.LEASE_DENIED
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"node {node} denied the lease: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+class PermanentError(VramfabricError):
+    """A failure that will not pass by retrying: the chunk fails at once."""
+
+
+class InvalidMessage(PermanentError):
+    """A payload did not decode or validate (bad msgpack, wrong types, version, size)."""
+
+    kind = ErrorKind.INVALID_MESSAGE
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"invalid {what}: {why}")
+        self.what = what
+        self.why = why
+
+
+class KernelNotFound(PermanentError):
+    """No kernel of that name (or digest) is registered on this node."""
+
+    kind = ErrorKind.KERNEL_NOT_FOUND
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown kernel {name!r}")
+        self.name = name
+
+
+class KernelLoadFailed(PermanentError):
+    """The kernel did not load or compile; carries the compiler's message."""
+
+    kind = ErrorKind.LOAD_FAILED
+
+
+class KernelLaunchFailed(PermanentError):
+    """The kernel rejected its arguments, input or launch shape."""
+
+    kind = ErrorKind.LAUNCH_FAILED
+
+
+class SliceVramExceeded(PermanentError):
+    """A chunk asked for more device memory than its lease's slice holds."""
+
+    kind = ErrorKind.VRAM_EXCEEDED
+
+    def __init__(self, limit_bytes: int, requested_bytes: int) -> None:
+        super().__init__(
+            f"slice VRAM exceeded: limit_bytes={limit_bytes} requested_bytes={requested_bytes}"
+        )
+        self.limit_bytes = limit_bytes
+        self.requested_bytes = requested_bytes
+
+
+class ResultAlreadyRecorded(VramfabricError):
+    """The results stream already holds a result for this chunk: the first one won."""
+
+
+class RetriesExhausted(VramfabricError):
+    """A chunk used up its deliveries without a final result."""
+
+    kind = ErrorKind.EXHAUSTED
+
+
+class CapacityExceeded(VramfabricError):
+    """The fleet gave fewer leases than a strict caller demanded."""
+
+    def __init__(self, wanted: int, got: int) -> None:
+        super().__init__(f"wanted {wanted} leases, the fleet gave {got}")
+        self.wanted = wanted
+        self.got = got
+
+
+class JobFailed(VramfabricError):
+    """A job finished with failed chunks; `failures` holds a bounded sample of them."""
+
+    def __init__(self, job: str, n_failed: int, failures: tuple[object, ...]) -> None:
+        super().__init__(f"job {job}: {n_failed} chunk(s) failed")
+        self.job = job
+        self.n_failed = n_failed
+        self.failures = failures
+
+
+class JobTimeout(VramfabricError, TimeoutError):
+    """A job did not finish within its deadline."""
+
+
+class ServerError(PermanentError):
+    """The embedded nats-server did not start or stop as asked."""
+
+
+def from_nats(exc: BaseException) -> VramfabricError:
+    """Map a nats-py (or asyncio timeout) exception onto the vramfabric tree."""
+    if isinstance(exc, VramfabricError):
+        return exc
+    if isinstance(exc, nats.js.errors.APIError):
+        # err_code first: 10077 arrives as a 503 that must not be read as "retry".
+        if exc.err_code == ERR_CODE_RESULT_RECORDED:
+            return ResultAlreadyRecorded(str(exc))
+        if exc.code is not None and exc.code >= 500:
+            return Disconnected(f"jetstream unavailable: {exc}")
+        if isinstance(exc, nats.js.errors.NotFoundError):
+            return InvalidMessage("jetstream request", str(exc))
+        return PermanentError(f"jetstream error: {exc}")
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return Disconnected("no responders")
+    if isinstance(exc, asyncio.TimeoutError | nats.errors.TimeoutError):
+        return Disconnected("request timed out")
+    if isinstance(exc, nats.errors.Error | ConnectionError | OSError):
+        return Disconnected(f"nats: {exc}")
+    return VramfabricError(f"{type(exc).__name__}: {exc}")

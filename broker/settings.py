@@ -1,0 +1,75 @@
+"""BrokerSettings: how to reach NATS and name things on it, read from the environment once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import attrs
+
+from .subjects import Subjects, token
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+def env_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    """Read a float variable, naming the variable in the error if it does not parse."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Read an integer variable, naming the variable in the error if it does not parse."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+@attrs.frozen
+class BrokerSettings:
+    """Connection and naming settings shared by workers and coordinators."""
+
+    url: str = DEFAULT_URL
+    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: token(v, "prefix"))
+    user: str | None = None
+    password: str | None = None
+    creds_file: str | None = None
+    replicas: int = attrs.field(default=1, validator=attrs.validators.in_((1, 3, 5)))
+    connect_timeout_s: float = 2.0
+    request_timeout_s: float = 2.0
+    # Adverts vanish from KV this long after a node's last heartbeat.
+    node_ttl_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(1.0))
+
+    @property
+    def subjects(self) -> Subjects:
+        """The subject names for this prefix."""
+        return Subjects(self.prefix)
+
+    @property
+    def servers(self) -> list[str]:
+        """The server URLs (comma-separated in `url`)."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> BrokerSettings:
+        """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
+        return cls(
+            url=environ.get("VRAMFABRIC_NATS_URL") or DEFAULT_URL,
+            prefix=environ.get("VRAMFABRIC_PREFIX") or "vf",
+            user=environ.get("VRAMFABRIC_NATS_USER") or None,
+            password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,
+            creds_file=environ.get("VRAMFABRIC_NATS_CREDS") or None,
+            replicas=env_int(environ, "VRAMFABRIC_REPLICAS", 1),
+            connect_timeout_s=env_float(environ, "VRAMFABRIC_CONNECT_TIMEOUT_S", 2.0),
+            request_timeout_s=env_float(environ, "VRAMFABRIC_REQUEST_TIMEOUT_S", 2.0),
+            node_ttl_s=env_float(environ, "VRAMFABRIC_NODE_TTL_S", 5.0),
+        )

@@ -1,0 +1,123 @@
+"""Every subject, stream, bucket, consumer and header name of the protocol, and nothing else.
+
+`Subjects(prefix)` builds them all from one prefix, so tests can share one server under unique
+prefixes. Wildcards come only from methods named `*_filter`, which keeps them out of publishes.
+docs/protocol.md mirrors this file and a test holds the two together.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+HEADER_TENANT = "Vf-Tenant"
+
+LEASE_OPS = ("acquire", "renew", "release")
+
+
+def token(value: str, what: str = "token") -> str:
+    """Return `value` if it is a safe subject token, else raise ValueError naming `what`."""
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a subject token (letters, digits, '_' and '-' only)"
+        )
+    return value
+
+
+@attrs.frozen
+class Subjects:
+    """The names of one fabric, all derived from `prefix` (default `vf`)."""
+
+    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: token(v, "prefix"))
+
+    # --- core subjects -------------------------------------------------------------------
+    def node_advert(self, node: str) -> str:
+        """Subject of a node's heartbeat advert."""
+        return f"{self.prefix}.node.{token(node, 'node')}.advert"
+
+    def advert_filter(self) -> str:
+        """Wildcard over every node's advert."""
+        return f"{self.prefix}.node.*.advert"
+
+    def lease(self, tenant: str, node: str, op: str) -> str:
+        """Request subject of a lease operation (`acquire`, `renew`, `release`) on one node."""
+        if op not in LEASE_OPS:
+            raise ValueError(f"unknown lease op {op!r}; expected one of {LEASE_OPS}")
+        return f"{self.prefix}.lease.{token(tenant, 'tenant')}.{token(node, 'node')}.{op}"
+
+    def lease_filter(self, node: str) -> str:
+        """Wildcard over every tenant's lease requests to one node."""
+        return f"{self.prefix}.lease.*.{token(node, 'node')}.*"
+
+    def parse_lease(self, subject: str) -> tuple[str, str, str]:
+        """Split a lease request subject into (tenant, node, op); ValueError if it is not one."""
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self.prefix or parts[1] != "lease":
+            raise ValueError(f"not a lease subject: {subject!r}")
+        if parts[4] not in LEASE_OPS:
+            raise ValueError(f"unknown lease op {parts[4]!r}")
+        return parts[2], parts[3], parts[4]
+
+    def work(self, tenant: str, job: str) -> str:
+        """Subject that carries a job's chunk submissions."""
+        return f"{self.prefix}.work.{token(tenant, 'tenant')}.{token(job, 'job')}"
+
+    def work_filter(self, tenant: str) -> str:
+        """Wildcard over every job's chunks of one tenant."""
+        return f"{self.prefix}.work.{token(tenant, 'tenant')}.>"
+
+    def result(self, tenant: str, job: str, index: int) -> str:
+        """Subject of one chunk's result (the results stream keeps one message per subject)."""
+        return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
+
+    def result_filter(self, tenant: str, job: str | None = None) -> str:
+        """Wildcard over one job's results, or all of a tenant's when `job` is None."""
+        if job is None:
+            return f"{self.prefix}.result.{token(tenant, 'tenant')}.>"
+        return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.>"
+
+    def event(self, kind: str) -> str:
+        """Subject of lease and job events (`granted`, `released`, `expired`, ...)."""
+        return f"{self.prefix}.events.{token(kind, 'event kind')}"
+
+    # --- JetStream names -----------------------------------------------------------------
+    def work_stream(self, tenant: str) -> str:
+        """Work-queue stream of one tenant's chunks."""
+        return f"{self.prefix.upper()}_WORK_{token(tenant, 'tenant')}"
+
+    def results_stream(self, tenant: str) -> str:
+        """First-result-wins stream of one tenant's chunk results."""
+        return f"{self.prefix.upper()}_RESULTS_{token(tenant, 'tenant')}"
+
+    def job_consumer(self, job: str) -> str:
+        """Durable pull consumer shared by every lease of one job."""
+        return f"{self.prefix}_job_{token(job, 'job')}"
+
+    def pull_next(self, stream: str, consumer: str) -> str:
+        """JetStream API subject for raw pull requests on a consumer."""
+        return f"$JS.API.CONSUMER.MSG.NEXT.{token(stream, 'stream')}.{token(consumer, 'consumer')}"
+
+    def nodes_bucket(self) -> str:
+        """KV bucket holding the latest advert of every live node."""
+        return f"{self.prefix}_nodes"
+
+    def jobs_bucket(self) -> str:
+        """KV bucket holding job specs under `<tenant>.<job>`."""
+        return f"{self.prefix}_jobs"
+
+    def kernels_store(self) -> str:
+        """Object store of kernel blobs by sha256."""
+        return f"{self.prefix}_kernels"
+
+    def job_key(self, tenant: str, job: str) -> str:
+        """Key of a job spec in the jobs bucket."""
+        return f"{token(tenant, 'tenant')}.{token(job, 'job')}"
+
+    @staticmethod
+    def chunk_msg_id(job: str, index: int) -> str:
+        """Value of `Nats-Msg-Id` for one chunk: the idempotency key of its submission."""
+        return f"{job}:{int(index)}"

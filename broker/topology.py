@@ -1,0 +1,168 @@
+"""Stream, consumer, KV and object-store definitions, and their idempotent creation.
+
+Creating an existing object with the same config is a no-op on the server, so every process
+may call `ensure_*` at start-up. Configs live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from .errors import from_nats
+from .messages import JobSpec
+from .settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+# Publishers retry with the same Nats-Msg-Id inside this window and stay idempotent.
+DUPLICATE_WINDOW_S = 120.0
+# How many chunks of one job may be out with workers at once (the fleet's in-flight bound).
+MAX_ACK_PENDING = 100_000
+
+
+def work_stream_config(settings: BrokerSettings, tenant: str) -> StreamConfig:
+    """The tenant's work-queue stream: each chunk is removed once a worker acks it."""
+    s = settings.subjects
+    return StreamConfig(
+        name=s.work_stream(tenant),
+        subjects=[s.work_filter(tenant)],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=settings.replicas,
+    )
+
+
+def results_stream_config(settings: BrokerSettings, tenant: str) -> StreamConfig:
+    """The tenant's results stream: one message per chunk subject, and the first one wins.
+
+    No max_age or size limits: evicting a result would reopen its subject to a duplicate.
+    """
+    s = settings.subjects
+    return StreamConfig(
+        name=s.results_stream(tenant),
+        subjects=[s.result_filter(tenant)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.NEW,
+        discard_new_per_subject=True,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=settings.replicas,
+    )
+
+
+def job_consumer_config(settings: BrokerSettings, spec: JobSpec) -> ConsumerConfig:
+    """The durable pull consumer every lease of a job shares, with the job's retry policy."""
+    s = settings.subjects
+    backoff = list(spec.retry.backoff_s(spec.ack_wait_s)) or None
+    return ConsumerConfig(
+        durable_name=s.job_consumer(spec.job_id),
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.retry.max_deliver,
+        backoff=backoff,
+        max_ack_pending=MAX_ACK_PENDING,
+        max_waiting=512,
+        filter_subject=s.work(spec.tenant, spec.job_id),
+    )
+
+
+async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> None:
+    """Create the tenant's work and results streams if they are missing."""
+    for config in (work_stream_config(settings, tenant), results_stream_config(settings, tenant)):
+        await _ensure_stream(js, config)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:
+        # Exists with another config (e.g. replicas changed): keep it, log the difference.
+        log.warning("stream exists with a different config stream=%s", config.name)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+
+
+async def ensure_job_consumer(
+    js: JetStreamContext, settings: BrokerSettings, spec: JobSpec
+) -> None:
+    """Create the job's shared durable pull consumer (idempotent)."""
+    stream = settings.subjects.work_stream(spec.tenant)
+    try:
+        await js.add_consumer(stream, job_consumer_config(settings, spec))
+    except Exception as exc:
+        raise from_nats(exc) from exc
+
+
+async def delete_job_consumer(
+    js: JetStreamContext, settings: BrokerSettings, tenant: str, job: str
+) -> None:
+    """Delete a finished job's consumer; a missing one is fine."""
+    s = settings.subjects
+    try:
+        await js.delete_consumer(s.work_stream(tenant), s.job_consumer(job))
+    except nats.js.errors.NotFoundError:
+        pass
+    except Exception as exc:
+        raise from_nats(exc) from exc
+
+
+async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
+    """The adverts bucket; its TTL and limit markers let watchers see a node vanish."""
+    config = KeyValueConfig(
+        bucket=settings.subjects.nodes_bucket(),
+        history=1,
+        ttl=settings.node_ttl_s,
+        limit_marker_ttl=max(1.0, settings.node_ttl_s),
+        storage=StorageType.MEMORY,
+        replicas=settings.replicas,
+    )
+    try:
+        return await js.create_key_value(config)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+
+
+async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
+    """The job-spec bucket (`<tenant>.<job>` keys)."""
+    config = KeyValueConfig(
+        bucket=settings.subjects.jobs_bucket(),
+        history=1,
+        storage=StorageType.FILE,
+        replicas=settings.replicas,
+    )
+    try:
+        return await js.create_key_value(config)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+
+
+async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> ObjectStore:
+    """The kernel-blob object store (names are sha256 digests)."""
+    config = ObjectStoreConfig(
+        bucket=settings.subjects.kernels_store(),
+        storage=StorageType.FILE,
+        replicas=settings.replicas,
+    )
+    try:
+        return await js.create_object_store(config=config)
+    except Exception as exc:
+        raise from_nats(exc) from exc

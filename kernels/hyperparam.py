@@ -1,0 +1,94 @@
+"""hyperparam_eval: train a small linear model on a built-in synthetic data set, return the loss.
+
+One chunk is one configuration (learning rate, batch size, dropout) packed as `<fif`; the
+output is the float32 validation loss. The data, the step count and the dropout masks are
+fixed, so a configuration gives the same loss on every node. Dropout masks come from a fixed
+uniform table (not a per-call RNG) so a CUDA port can reproduce them bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from .kernel import Kernel
+
+_CONFIG = struct.Struct("<fif")
+N_FEATURES = 16
+N_STEPS = 8
+MAX_BATCH = 320
+N_TRAIN = N_STEPS * MAX_BATCH
+N_VAL = 512
+_DATA_SEED = 20261121
+
+
+@functools.cache
+def dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The synthetic regression task: (x_train, y_train, x_val, y_val, dropout_uniforms)."""
+    rng = np.random.default_rng(_DATA_SEED)
+    w_true = rng.standard_normal(N_FEATURES).astype(np.float32)
+    x = rng.standard_normal((N_TRAIN + N_VAL, N_FEATURES)).astype(np.float32)
+    y = (x @ w_true + 0.1 * rng.standard_normal(N_TRAIN + N_VAL)).astype(np.float32)
+    uniforms = rng.random((N_STEPS, N_FEATURES)).astype(np.float32)
+    for a in (x, y, uniforms):
+        a.setflags(write=False)
+    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:], uniforms
+
+
+def encode_config(learning_rate: float, batch_size: int, dropout: float) -> bytes:
+    """Pack one configuration as the kernel's input bytes."""
+    return _CONFIG.pack(learning_rate, batch_size, dropout)
+
+
+def decode_config(data: bytes) -> tuple[float, int, float]:
+    """Unpack input bytes into (learning_rate, batch_size, dropout), validating ranges."""
+    if len(data) != _CONFIG.size:
+        raise ValueError(f"input must be {_CONFIG.size} bytes (<fif), got {len(data)}")
+    lr, batch, dropout = _CONFIG.unpack(data)
+    if not 0.0 < lr <= 1.0:
+        raise ValueError(f"learning_rate {lr} outside (0, 1]")
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch_size {batch} outside 1..{MAX_BATCH}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout {dropout} outside [0, 1)")
+    return lr, batch, dropout
+
+
+def search_space(n: int = 1000) -> list[tuple[float, int, float]]:
+    """The demo's grid: config i of the burst recipe (lr, batch size, dropout)."""
+    return [
+        (0.0001 * (1 + (i % 100) * 0.01), 32 * (1 + i // 100), 0.1 + (i % 10) * 0.05)
+        for i in range(n)
+    ]
+
+
+def reference(xp: ModuleType, args: Mapping[str, Any], data: bytes) -> bytes:
+    """Run N_STEPS of minibatch SGD with input dropout; return the validation MSE (float32)."""
+    lr, batch, dropout = decode_config(data)
+    x, y, x_val, y_val, uniforms = (xp.asarray(a) for a in dataset())
+    # Inverted dropout on features, one mask per step, scaled so the expectation is unchanged.
+    masks = (uniforms >= dropout).astype(xp.float32) / xp.float32(1.0 - dropout)
+    w = xp.zeros(N_FEATURES, dtype=xp.float32)
+    step = xp.float32(lr)
+    for s in range(N_STEPS):
+        xb = x[s * batch : (s + 1) * batch]
+        residual = xb @ (w * masks[s]) - y[s * batch : (s + 1) * batch]
+        w -= step * (xb.T @ residual) * masks[s]
+    err = x_val @ w - y_val
+    loss = xp.mean(err * err, dtype=xp.float32)
+    return np.float32(float(loss)).tobytes()
+
+
+HYPERPARAM_EVAL = Kernel(
+    name="hyperparam_eval",
+    reference=reference,
+    max_input_bytes=_CONFIG.size,
+    max_output_bytes=4,
+    workspace_bytes=(N_TRAIN + N_VAL) * (N_FEATURES + 1) * 4 + N_STEPS * N_FEATURES * 4,
+    output_dtype="float32",
+)

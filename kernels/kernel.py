@@ -1,0 +1,76 @@
+"""Kernel: a named stateless computation, bytes in and bytes out, with a NumPy/CuPy reference."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import attrs
+
+# reference(xp, args, data) -> output bytes; `xp` is numpy or cupy.
+Reference = Callable[[ModuleType, Mapping[str, Any], bytes], bytes]
+
+
+class KernelArgumentError(ValueError):
+    """A kernel call's input, args or output broke the kernel's limits (a launch failure)."""
+
+
+@attrs.frozen
+class Kernel:
+    """A kernel as workers run it.
+
+    Args:
+        name: registry key, also the `kernel` field of a JobSpec.
+        reference: the array-module implementation (NumPy on a simulated GPU).
+        max_input_bytes / max_output_bytes: hard limits checked on every call.
+        workspace_bytes: device memory a call needs beside its input and output; a
+            slice smaller than the sum cannot run it.
+        source / entry: CUDA source and entry point (empty until a CUDA version exists).
+        version: bump when the reference's numbers change, so the digest changes.
+    """
+
+    name: str
+    reference: Reference
+    max_input_bytes: int
+    max_output_bytes: int
+    workspace_bytes: int = 0
+    output_dtype: str = "float32"
+    source: str = ""
+    entry: str = ""
+    version: str = "1"
+
+    @property
+    def digest(self) -> str:
+        """sha256 over name, version and source: what a JobSpec pins."""
+        h = hashlib.sha256()
+        for part in (self.name, self.version, self.source, self.entry):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def vram_bytes(self, input_bytes: int) -> int:
+        """Device memory one call with an input of `input_bytes` needs."""
+        return input_bytes + self.max_output_bytes + self.workspace_bytes
+
+    def run(self, xp: ModuleType, args: Mapping[str, Any], data: bytes) -> bytes:
+        """Run the reference on `data`, enforcing the size limits.
+
+        Raises:
+            KernelArgumentError: the input or output breaks a limit, or the reference
+                rejected its arguments with a ValueError.
+        """
+        if len(data) > self.max_input_bytes:
+            raise KernelArgumentError(
+                f"{self.name}: input of {len(data)} bytes exceeds max_input_bytes={self.max_input_bytes}"
+            )
+        try:
+            out = self.reference(xp, args, data)
+        except ValueError as exc:
+            raise KernelArgumentError(f"{self.name}: {exc}") from None
+        if len(out) > self.max_output_bytes:
+            raise KernelArgumentError(
+                f"{self.name}: output of {len(out)} bytes exceeds max_output_bytes={self.max_output_bytes}"
+            )
+        return out

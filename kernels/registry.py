@@ -1,0 +1,50 @@
+"""Registry: the kernels a node can run, looked up by name (and pinned by digest)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import attrs
+
+from .kernel import Kernel
+
+
+class KernelMissing(KeyError):
+    """No kernel of that name, or of that digest, is registered."""
+
+
+@attrs.frozen
+class Registry(Mapping[str, Kernel]):
+    """An immutable name -> Kernel map; `with_kernels` returns an extended copy."""
+
+    _kernels: Mapping[str, Kernel] = attrs.field(factory=dict, converter=dict)
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self._kernels[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kernels)
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def get_kernel(self, name: str, digest: str = "") -> Kernel:
+        """The kernel `name`; if `digest` is given it must match the registered version.
+
+        Raises:
+            KernelMissing: no such name, or this registry has another version of it.
+        """
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            raise KernelMissing(f"unknown kernel {name!r}; registered: {sorted(self._kernels)}")
+        if digest and digest != kernel.digest:
+            raise KernelMissing(
+                f"kernel {name!r} version {digest[:12]} not registered (have {kernel.digest[:12]})"
+            )
+        return kernel
+
+    def with_kernels(self, kernels: Iterable[Kernel]) -> Registry:
+        """A copy with `kernels` added (a same-named kernel is replaced)."""
+        merged = dict(self._kernels)
+        merged.update((k.name, k) for k in kernels)
+        return Registry(merged)

@@ -1,0 +1,138 @@
+"""`python -m vramfabric.worker`: run one node agent until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import signal
+import sys
+
+import attrs
+
+from vramfabric.broker.connection import connect
+from vramfabric.broker.errors import Disconnected
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.kernels import Kernel, Registry, builtin_registry
+
+from .agent import Agent
+from .gpus import parse_size
+from .settings import WorkerSettings
+
+RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
+VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags (shared with `vramfabric worker`)."""
+    parser.add_argument("--simulate", help="simulated GPUs instead of NVML, e.g. 4x48GiB")
+    parser.add_argument(
+        "--slice", dest="slice_size", help="slice granule, e.g. 512MiB (default 1GiB)"
+    )
+    parser.add_argument("--node", help="node name (default: host name + random suffix)")
+    parser.add_argument("--heartbeat-s", type=float, help="advert interval in seconds")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--kernel-module",
+        action="append",
+        default=[],
+        help="import MODULE and register its KERNELS (repeatable)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 0 if this node's advert is fresh in KV, else 1"
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def worker_settings(args: argparse.Namespace) -> WorkerSettings:
+    """Settings from the environment, overridden by flags."""
+    settings = WorkerSettings.from_env()
+    changes: dict[str, object] = {}
+    if args.simulate:
+        changes["simulate"] = args.simulate
+    if args.slice_size:
+        changes["slice_bytes"] = parse_size(args.slice_size)
+    if args.node:
+        changes["node"] = args.node
+    if args.heartbeat_s:
+        changes["heartbeat_s"] = args.heartbeat_s
+    if args.metrics_port:
+        changes["metrics_port"] = args.metrics_port
+    return attrs.evolve(settings, **changes)  # type: ignore[arg-type]
+
+
+def load_registry(modules: list[str]) -> Registry:
+    """The built-in kernels plus each module's `KERNELS` iterable."""
+    registry = builtin_registry()
+    for name in modules:
+        kernels = getattr(importlib.import_module(name), "KERNELS", None)
+        if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
+            raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
+        registry = registry.with_kernels(kernels)
+    return registry
+
+
+async def serve(
+    broker: BrokerSettings, settings: WorkerSettings, registry: Registry, check: bool
+) -> int:
+    """Run the agent until a stop signal; drain on SIGTERM."""
+    conn = await connect(broker, name=f"worker-{settings.node}")
+    agent = Agent(broker, settings, conn, registry=registry)
+    try:
+        await agent.start()
+        if check:
+            return RET_OK if await agent.check() else RET_CHECK_FAILED
+        if settings.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(
+                settings.metrics_port, addr="127.0.0.1", registry=agent.metrics.registry
+            )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        # Tell a parent (the demo, tests) we serve: it waits for this line, not a timer.
+        print(f"worker ready node={settings.node}", flush=True)
+        await stop.wait()
+        await agent.stop()
+        return RET_OK
+    finally:
+        await conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m vramfabric.worker`."""
+    parser = argparse.ArgumentParser(prog="vramfabric-worker", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a worker from parsed flags (also used by `vramfabric worker`)."""
+    logging.basicConfig(
+        level=VERBOSITY.get(args.verbose, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        broker = BrokerSettings.from_env()
+        settings = worker_settings(args)
+        registry = load_registry(args.kernel_module)
+    except (ValueError, ImportError) as exc:
+        print(f"vramfabric worker: {exc}", file=sys.stderr)
+        return RET_USAGE
+    try:
+        return asyncio.run(serve(broker, settings, registry, args.check))
+    except Disconnected as exc:
+        print(f"vramfabric worker: {exc}", file=sys.stderr)
+        return RET_CONNECT
+    except ValueError as exc:
+        print(f"vramfabric worker: {exc}", file=sys.stderr)
+        return RET_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

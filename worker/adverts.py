@@ -1,0 +1,78 @@
+"""Heartbeat: reap expired leases, then publish the node's advert on its subject and in KV."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+from nats.js.kv import KeyValue
+
+from vramfabric.broker.codec import encode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import VramfabricError, from_nats
+from vramfabric.broker.messages import Event, Lease
+from vramfabric.broker.subjects import Subjects
+
+from .ledger import SliceLedger
+from .metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+# An advert asked for early (after a grant or release) waits at least this long after the last.
+_MIN_ADVERT_GAP_S = 0.05
+
+
+@attrs.define
+class Heartbeat:
+    """Publishes adverts every `heartbeat_s`, and soon after `poke()` when leases change."""
+
+    conn: Connection
+    subjects: Subjects
+    kv: KeyValue
+    ledger: SliceLedger
+    metrics: WorkerMetrics
+    heartbeat_s: float
+    on_reaped: Callable[[list[Lease]], None]
+    _poked: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+
+    def poke(self) -> None:
+        """Ask for an advert soon (the fleet view should see grants and releases quickly)."""
+        self._poked.set()
+
+    async def run(self) -> None:
+        """Beat until cancelled; a failed publish is logged and retried on the next beat."""
+        while True:
+            try:
+                await self.beat()
+            except VramfabricError as exc:
+                log.warning("advert failed node=%s error=%s", self.ledger.node, exc)
+            try:
+                await asyncio.wait_for(self._poked.wait(), self.heartbeat_s)
+                await asyncio.sleep(_MIN_ADVERT_GAP_S)  # coalesce a burst of grants into one advert
+            except TimeoutError:
+                pass
+            self._poked.clear()
+
+    async def beat(self) -> None:
+        """Reap, then publish one advert."""
+        now = time.time()
+        expired = self.ledger.reap(now)
+        if expired:
+            log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
+            self.on_reaped(expired)
+            await self._event("expired", expired[0].tenant, len(expired))
+        self.metrics.leases_active.set(len(self.ledger))
+        self.metrics.vram_allocated_bytes.set(self.ledger.leased_bytes)
+        data = encode(self.ledger.advert(now))
+        try:
+            await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
+            await self.kv.put(self.ledger.node, data)
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def _event(self, kind: str, tenant: str, count: int) -> None:
+        event = Event(kind=kind, node=self.ledger.node, tenant=tenant, count=count, at=time.time())
+        await self.conn.nc.publish(self.subjects.event(kind), encode(event))

@@ -1,0 +1,203 @@
+"""Agent: the node agent. Wires GPUs, ledger, lease service, heartbeat and per-job pullers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import attrs
+from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
+
+from vramfabric.broker import topology
+from vramfabric.broker.codec import decode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats
+from vramfabric.broker.messages import JobSpec, Lease
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.kernels import Registry, builtin_registry
+
+from .adverts import Heartbeat
+from .backends import Backend, CupyBackend, NumpyBackend
+from .execute import ChunkRunner
+from .gpus import GpuSpec, discover_nvml, parse_simulate
+from .lease_service import LeaseService
+from .ledger import SliceLedger
+from .metrics import WorkerMetrics
+from .puller import JobPuller
+from .settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]  # (tenant, job)
+
+
+def discover(settings: WorkerSettings) -> tuple[GpuSpec, ...]:
+    """The node's GPUs: simulated when asked, else NVML; ValueError if there are none."""
+    if settings.simulate:
+        return parse_simulate(settings.simulate)
+    gpus = discover_nvml()
+    if not gpus:
+        raise ValueError("no GPU found through NVML; run with --simulate COUNTxSIZE (e.g. 4x48GiB)")
+    return gpus
+
+
+@attrs.define
+class Agent:
+    """One node: serves leases on its GPUs and runs the chunks of the jobs it holds leases for."""
+
+    broker: BrokerSettings
+    settings: WorkerSettings
+    conn: Connection
+    registry: Registry = attrs.field(factory=builtin_registry)
+    metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
+    ledger: SliceLedger = attrs.field(init=False)
+    _backend: Backend = attrs.field(init=False)
+    _heartbeat: Heartbeat = attrs.field(init=False)
+    _jobs_kv: KeyValue = attrs.field(init=False)
+    _sub: Subscription | None = attrs.field(default=None, init=False)
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _pullers: dict[JobKey, JobPuller] = attrs.field(factory=dict, init=False)
+    _starting: set[JobKey] = attrs.field(factory=set, init=False)
+    _stopping: bool = attrs.field(default=False, init=False)
+
+    def __repr__(self) -> str:
+        m = self.metrics
+        return (
+            f"<Agent node={self.settings.node} leases={len(self.ledger)} jobs={len(self._pullers)}"
+            f" done={m.value('chunks_done_total'):.0f} retried={m.value('chunks_retry_total'):.0f}>"
+        )
+
+    async def start(self) -> None:
+        """Discover GPUs, publish the first advert and start serving lease requests."""
+        gpus = discover(self.settings)
+        self.ledger = SliceLedger(
+            self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
+        )
+        self._backend = NumpyBackend() if gpus[0].simulated else CupyBackend()
+        js = self.conn.js
+        self._jobs_kv = await topology.jobs_bucket(js, self.broker)
+        nodes_kv = await topology.nodes_bucket(js, self.broker)
+        subjects = self.broker.subjects
+        self._heartbeat = Heartbeat(
+            self.conn,
+            subjects,
+            nodes_kv,
+            self.ledger,
+            self.metrics,
+            self.settings.heartbeat_s,
+            on_reaped=self._on_reaped,
+        )
+        await self._heartbeat.beat()
+        service = LeaseService(
+            subjects, self.settings.node, self.ledger, self.metrics, self._on_change
+        )
+        self._sub = await self.conn.nc.subscribe(
+            subjects.lease_filter(self.settings.node), cb=service.handle
+        )
+        self._spawn(self._heartbeat.run())
+        log.info(
+            "agent started node=%s gpus=%d backend=%s slices=%d",
+            self.settings.node,
+            len(gpus),
+            self._backend.name,
+            self.ledger.advert(time.time()).free_slices(self.settings.slice_bytes),
+        )
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_change(self, tenant: str, job: str) -> None:
+        self._heartbeat.poke()
+        key = (tenant, job)
+        puller = self._pullers.get(key)
+        if puller is not None:
+            puller.leases_changed()
+        elif key not in self._starting and not self._stopping:
+            self._starting.add(key)
+            self._spawn(self._run_puller(key))
+
+    def _on_reaped(self, expired: list[Lease]) -> None:
+        for key in {(lease.tenant, lease.job) for lease in expired}:
+            self._on_change(*key)
+
+    async def _run_puller(self, key: JobKey) -> None:
+        try:
+            spec = await self._load_spec(key)
+        finally:
+            self._starting.discard(key)
+        if spec is None:
+            return
+        puller = JobPuller(
+            self.conn,
+            self.broker,
+            self.settings,
+            spec,
+            self.ledger,
+            ChunkRunner(self.registry, self._backend, self.settings.node),
+            self.metrics,
+        )
+        self._pullers[key] = puller
+        puller.leases_changed()
+        try:
+            await puller.run()
+        finally:
+            del self._pullers[key]
+        # A grant may have landed while the puller was winding down.
+        if self.ledger.leases_of(*key) and not self._stopping:
+            self._on_change(*key)
+
+    async def _load_spec(self, key: JobKey) -> JobSpec | None:
+        """The job's spec from KV, retried while this node still holds leases for the job."""
+        kv_key = self.broker.subjects.job_key(*key)
+        while self.ledger.leases_of(*key) and not self._stopping:
+            try:
+                entry = await self._jobs_kv.get(kv_key)
+                if entry.value:
+                    return decode(JobSpec, entry.value)
+            except InvalidMessage as exc:
+                log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
+                self.metrics.invalid_messages_total.labels(subject="job_spec").inc()
+            except Exception as exc:
+                log.warning(
+                    "job spec not available tenant=%s job=%s error=%s",
+                    key[0],
+                    key[1],
+                    from_nats(exc),
+                )
+            await asyncio.sleep(
+                self.settings.pull_expires_s
+            )  # spec written later: poll, bounded by lease life
+        return None
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop taking work, let running chunks finish for `grace_s`, release every lease."""
+        grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
+        self._stopping = True
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+        for puller in list(self._pullers.values()):
+            puller.stop_pulling()
+        for puller in list(self._pullers.values()):
+            await puller.wait_idle(grace_s)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        released = self.ledger.reap(float("inf"))
+        try:
+            await self._heartbeat.kv.delete(self.settings.node)
+        except Exception as exc:
+            log.warning("advert delete failed node=%s error=%s", self.settings.node, from_nats(exc))
+        self._backend.close()
+        log.info("agent stopped node=%s released=%d", self.settings.node, len(released))
+
+    async def check(self) -> bool:
+        """Whether this node's advert is fresh in KV."""
+        try:
+            entry = await self._heartbeat.kv.get(self.settings.node)
+        except (VramfabricError, Exception):
+            return False
+        return bool(entry.value)

@@ -1,0 +1,85 @@
+"""Lease request handlers: acquire, renew and release on `vf.lease.*.<node>.*`.
+
+The tenant comes from the subject (the server's permissions guard it), never the payload.
+Every request gets a reply: the answer, or an ErrorReply saying what was wrong with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+from nats.aio.msg import Msg
+
+from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.errors import InvalidMessage
+from vramfabric.broker.messages import (
+    ErrorReply,
+    LeaseGrant,
+    LeaseRequest,
+    ReleaseRequest,
+    RenewRequest,
+)
+from vramfabric.broker.subjects import Subjects
+
+from .ledger import SliceLedger
+from .metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+# Called after the ledger changed for (tenant, job), e.g. to start or resize a puller.
+OnChange = Callable[[str, str], None]
+
+
+@attrs.define
+class LeaseService:
+    """Serves one node's lease requests against its ledger."""
+
+    subjects: Subjects
+    node: str
+    ledger: SliceLedger
+    metrics: WorkerMetrics
+    on_change: OnChange
+
+    async def handle(self, msg: Msg) -> None:
+        """Answer one request; a bad one gets an ErrorReply and changes nothing."""
+        op = "unknown"
+        try:
+            tenant, node, op = self.subjects.parse_lease(msg.subject)
+            if node != self.node:
+                raise InvalidMessage("lease subject", f"addressed to node {node!r}")
+            reply = self._serve(tenant, op, msg.data)
+            outcome = "denied" if isinstance(reply, LeaseGrant) and reply.denied else "ok"
+        except (InvalidMessage, ValueError) as exc:
+            self.metrics.invalid_messages_total.labels(subject=f"lease.{op}").inc()
+            log.warning("bad lease request subject=%s error=%s", msg.subject, exc)
+            kind = InvalidMessage.kind
+            reply, outcome = ErrorReply(kind=kind, error=str(exc)), "invalid"
+        self.metrics.lease_requests_total.labels(op=op, outcome=outcome).inc()
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+    def _serve(self, tenant: str, op: str, data: bytes) -> object:
+        now = time.time()
+        if op == "acquire":
+            req = decode(LeaseRequest, data)
+            grant = self.ledger.grant(req, tenant, now)
+            log.debug(
+                "lease request job=%s count=%d granted=%d", req.job, req.count, len(grant.leases)
+            )
+            if grant.leases:
+                self.on_change(tenant, req.job)
+            return grant
+        if op == "renew":
+            renew = decode(RenewRequest, data)
+            return self.ledger.renew(renew.lease_ids, tenant, renew.ttl_s, now)
+        release = decode(ReleaseRequest, data)
+        jobs = {
+            (lease.tenant, lease.job) for i in release.lease_ids if (lease := self.ledger.get(i))
+        }
+        reply = self.ledger.release(release.lease_ids, tenant)
+        for lease_tenant, job in jobs:
+            self.on_change(lease_tenant, job)
+        return reply

@@ -1,0 +1,170 @@
+"""SliceLedger: the node's only truth about its VRAM. Pure: no I/O, time is passed in."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import attrs
+
+from vramfabric.broker.messages import (
+    GpuState,
+    Lease,
+    LeaseGrant,
+    LeaseRequest,
+    NodeAdvert,
+    ReleaseReply,
+    RenewReply,
+    round_up,
+)
+
+from .gpus import GpuSpec
+
+
+@attrs.define
+class SliceLedger:
+    """Grants, renews, releases and reaps leases of VRAM slices on one node's GPUs.
+
+    A lease takes `slice_bytes` rounded up to the node's slice granule. Grants are atomic
+    (one call, no await inside), so two concurrent requests can never oversubscribe a GPU.
+    """
+
+    node: str
+    gpus: tuple[GpuSpec, ...]
+    granule_bytes: int
+    max_ttl_s: float = 3600.0
+    _leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    _used: dict[int, int] = attrs.field(factory=dict, init=False)
+    # request_id -> lease ids, so a retried request gets the same grant (idempotent acquire).
+    _requests: dict[str, tuple[str, ...]] = attrs.field(factory=dict, init=False)
+    _unhealthy: set[int] = attrs.field(factory=set, init=False)
+    # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
+    _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
+
+    def grant(self, req: LeaseRequest, tenant: str, now: float) -> LeaseGrant:
+        """Grant up to `req.count` slices, filling one GPU before the next (pack)."""
+        if req.request_id in self._requests:
+            held = tuple(
+                self._leases[i] for i in self._requests[req.request_id] if i in self._leases
+            )
+            return LeaseGrant(node=self.node, leases=held)
+        need = round_up(req.slice_bytes, self.granule_bytes)
+        expires_at = now + min(req.ttl_s, self.max_ttl_s)
+        granted: list[Lease] = []
+        for gpu in self.gpus:
+            if gpu.index in self._unhealthy:
+                continue
+            fits = (gpu.total_bytes - self._used.get(gpu.index, 0)) // need
+            for _ in range(min(fits, req.count - len(granted))):
+                lease = Lease(
+                    lease_id=f"{req.request_id}-{len(granted)}",
+                    node=self.node,
+                    gpu=gpu.index,
+                    slice_bytes=need,
+                    job=req.job,
+                    tenant=tenant,
+                    expires_at=expires_at,
+                )
+                self._leases[lease.lease_id] = lease
+                self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
+                self._used[gpu.index] = self._used.get(gpu.index, 0) + need
+                granted.append(lease)
+            if len(granted) == req.count:
+                break
+        if not granted:
+            return LeaseGrant(
+                node=self.node, leases=(), denied=f"no free slice of {need} bytes on {self.node}"
+            )
+        self._requests[req.request_id] = tuple(lease.lease_id for lease in granted)
+        return LeaseGrant(node=self.node, leases=tuple(granted))
+
+    def renew(self, lease_ids: Iterable[str], tenant: str, ttl_s: float, now: float) -> RenewReply:
+        """Extend the tenant's live leases to `now + ttl_s`; others are reported unknown."""
+        expires_at = now + min(ttl_s, self.max_ttl_s)
+        renewed: dict[str, float] = {}
+        unknown: list[str] = []
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.tenant != tenant or lease.expired(now):
+                unknown.append(lease_id)
+                continue
+            self._leases[lease_id] = attrs.evolve(lease, expires_at=expires_at)
+            renewed[lease_id] = expires_at
+        return RenewReply(expires_at=renewed, unknown=tuple(unknown))
+
+    def release(self, lease_ids: Iterable[str], tenant: str) -> ReleaseReply:
+        """Return the tenant's leases to the pool now; others are reported unknown."""
+        released: list[str] = []
+        unknown: list[str] = []
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.tenant != tenant:
+                unknown.append(lease_id)
+                continue
+            self._drop(lease)
+            released.append(lease_id)
+        return ReleaseReply(released=tuple(released), unknown=tuple(unknown))
+
+    def reap(self, now: float) -> list[Lease]:
+        """Remove every lease past its expiry and return them."""
+        expired = [lease for lease in self._leases.values() if lease.expired(now)]
+        for lease in expired:
+            self._drop(lease)
+        return expired
+
+    def _drop(self, lease: Lease) -> None:
+        del self._leases[lease.lease_id]
+        ids_of_job = self._by_job[(lease.tenant, lease.job)]
+        ids_of_job.discard(lease.lease_id)
+        if not ids_of_job:
+            del self._by_job[(lease.tenant, lease.job)]
+        self._used[lease.gpu] -= lease.slice_bytes
+        # Forget the request once all its leases are gone, so the map cannot grow forever.
+        request_id = lease.lease_id.rsplit("-", 1)[0]
+        ids = self._requests.get(request_id, ())
+        if not any(i in self._leases for i in ids):
+            self._requests.pop(request_id, None)
+
+    def is_live(self, lease_id: str, now: float) -> bool:
+        """Whether the lease is held and not past its expiry."""
+        lease = self._leases.get(lease_id)
+        return lease is not None and not lease.expired(now)
+
+    def leases_of(self, tenant: str, job: str) -> list[Lease]:
+        """The leases held for one job of one tenant."""
+        return [self._leases[i] for i in self._by_job.get((tenant, job), ())]
+
+    def get(self, lease_id: str) -> Lease | None:
+        """The lease with that id, if held."""
+        return self._leases.get(lease_id)
+
+    def set_healthy(self, gpu: int, healthy: bool) -> None:
+        """Mark a GPU (un)healthy; an unhealthy GPU grants nothing new."""
+        (self._unhealthy.discard if healthy else self._unhealthy.add)(gpu)
+
+    @property
+    def leased_bytes(self) -> int:
+        """VRAM held by leases over all GPUs."""
+        return sum(self._used.values())
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def advert(self, now: float) -> NodeAdvert:
+        """The node's advert: per-GPU free and leased bytes and per-tenant usage."""
+        tenants: Counter[str] = Counter()
+        for lease in self._leases.values():
+            tenants[lease.tenant] += lease.slice_bytes
+        gpus = tuple(
+            GpuState(
+                index=g.index,
+                model=g.model,
+                total_bytes=g.total_bytes,
+                free_bytes=g.total_bytes - self._used.get(g.index, 0),
+                leased_bytes=self._used.get(g.index, 0),
+                slice_bytes=self.granule_bytes,
+                healthy=g.index not in self._unhealthy,
+            )
+            for g in self.gpus
+        )
+        return NodeAdvert(node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now)

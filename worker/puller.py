@@ -1,0 +1,296 @@
+"""JobPuller: one streaming puller per job on this node, one chunk per free lease at a time.
+
+It keeps raw pull requests outstanding on the job's shared durable consumer (NATS_GUIDE.md
+section 11: `fetch(n)` can hold an arrived message for its whole timeout) and handles each
+chunk the moment it arrives. Each request has its own reply subject, so a 408/409 status says
+exactly which request ended and how many of its messages will not come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import attrs
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import (
+    InvalidMessage,
+    LeaseExpired,
+    ResultAlreadyRecorded,
+    TransientError,
+    VramfabricError,
+    from_nats,
+)
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import HEADER_MSG_ID
+
+from .execute import ChunkRunner
+from .ledger import SliceLedger
+from .metrics import WorkerMetrics
+from .settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+_STATUS = "Status"
+_PENDING = "Nats-Pending-Messages"
+
+
+@attrs.define
+class JobPuller:
+    """Pulls one job's chunks for as long as this node holds leases for it."""
+
+    conn: Connection
+    broker: BrokerSettings
+    settings: WorkerSettings
+    spec: JobSpec
+    ledger: SliceLedger
+    runner: ChunkRunner
+    metrics: WorkerMetrics
+    _free: list[str] = attrs.field(factory=list, init=False)
+    _busy: set[str] = attrs.field(factory=set, init=False)
+    _requests: dict[str, list[float]] = attrs.field(factory=dict, init=False)  # inbox -> [left, t]
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _sub: Subscription | None = attrs.field(default=None, init=False)
+    _inbox: str = attrs.field(default="", init=False)
+    _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _next_request: int = attrs.field(default=0, init=False)
+    _stopping: bool = attrs.field(default=False, init=False)
+
+    @property
+    def tenant(self) -> str:
+        """The job's tenant."""
+        return self.spec.tenant
+
+    @property
+    def job(self) -> str:
+        """The job id."""
+        return self.spec.job_id
+
+    def leases_changed(self) -> None:
+        """Resync the free-lease list with the ledger (after a grant, release or reap)."""
+        live = {lease.lease_id for lease in self.ledger.leases_of(self.tenant, self.job)}
+        self._free = [i for i in live if i not in self._busy]
+        self._wake.set()
+
+    def stop_pulling(self) -> None:
+        """Stop asking for chunks; chunks in flight run on (see `wait_idle`)."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Pull until the job has no leases here and nothing runs, or until stopped."""
+        self._inbox = self.conn.nc.new_inbox()
+        self._sub = await self.conn.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        log.info(
+            "puller started tenant=%s job=%s leases=%d", self.tenant, self.job, len(self._free)
+        )
+        try:
+            while not self._stopping and (self._free or self._busy):
+                await self._top_up()
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.settings.pull_expires_s)
+                except TimeoutError:
+                    pass
+                self._expire_requests()
+        finally:
+            await self._sub.unsubscribe()
+            log.info("puller stopped tenant=%s job=%s", self.tenant, self.job)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no chunk is in flight; True if that happened within `timeout_s`."""
+        if not self._tasks:
+            return True
+        _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        return not pending
+
+    def _outstanding(self) -> int:
+        return int(sum(left for left, _t in self._requests.values()))
+
+    async def _top_up(self) -> None:
+        capacity = min(len(self._free) + len(self._busy), self.settings.max_inflight)
+        want = capacity - len(self._busy) - self._outstanding()
+        # Top up in halves, as nats.go's Consume does, rather than one request per message.
+        if want <= 0 or (self._requests and want < capacity // 2):
+            return
+        self._next_request += 1
+        reply = f"{self._inbox}.{self._next_request}"
+        self._requests[reply] = [float(want), time.monotonic()]
+        body = {"batch": want, "expires": int(self.settings.pull_expires_s * 1e9)}
+        subject = self.broker.subjects.pull_next(
+            self.broker.subjects.work_stream(self.tenant),
+            self.broker.subjects.job_consumer(self.job),
+        )
+        try:
+            await self.conn.nc.publish(subject, json.dumps(body).encode(), reply=reply)
+        except Exception as exc:
+            del self._requests[reply]
+            log.warning("pull request failed job=%s error=%s", self.job, from_nats(exc))
+
+    def _expire_requests(self) -> None:
+        # A request whose 408 never came (lost in a reconnect) must not block top-ups forever.
+        cutoff = time.monotonic() - self.settings.pull_expires_s - 2.0
+        for reply in [r for r, (_left, t) in self._requests.items() if t < cutoff]:
+            del self._requests[reply]
+
+    async def _on_msg(self, msg: Msg) -> None:
+        request = self._requests.get(msg.subject)
+        status = msg.headers.get(_STATUS) if msg.headers else None
+        if status is not None and not msg.data:
+            self._on_status(msg, status)
+            return
+        if request is not None:
+            request[0] -= 1
+            if request[0] <= 0:
+                del self._requests[msg.subject]
+        if not self._free:
+            # The leases shrank since this was asked for: let another lease take it now.
+            await msg.nak()
+            return
+        lease_id = self._free.pop()
+        self._busy.add(lease_id)
+        task = asyncio.get_running_loop().create_task(self._handle(msg, lease_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_status(self, msg: Msg, status: str) -> None:
+        # 408: request expired; 409: ended (max waiting, leader change, consumer deleted).
+        self._requests.pop(msg.subject, None)
+        description = msg.headers.get("Description", "") if msg.headers else ""
+        if status == "409" and "deleted" in description.lower():
+            log.info("job consumer deleted job=%s", self.job)
+            self.stop_pulling()
+        self._wake.set()
+
+    async def _handle(self, msg: Msg, lease_id: str) -> None:
+        started_at = time.time()
+        attempt = msg.metadata.num_delivered
+        keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
+        try:
+            await self._process(msg, lease_id, attempt, started_at)
+        except Exception as exc:  # the one broad catch: a chunk must never kill the puller
+            log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
+        finally:
+            keepalive.cancel()
+            self._busy.discard(lease_id)
+            if self.ledger.is_live(lease_id, time.time()):
+                self._free.append(lease_id)
+            self._wake.set()
+
+    async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
+        try:
+            chunk = decode(Chunk, msg.data)
+            if chunk.job != self.job:
+                raise InvalidMessage("Chunk", f"job {chunk.job!r} on the consumer of {self.job!r}")
+        except InvalidMessage as exc:
+            await self._reject(msg, exc, attempt, lease_id, started_at)
+            return
+        index = chunk.index
+        try:
+            lease = self.ledger.get(lease_id)
+            if lease is None:
+                raise LeaseExpired(lease_id)
+            self.metrics.submit_total.inc()
+            output = await self.runner.run(self.spec, chunk, lease)
+            self.metrics.chunk_seconds.observe(time.time() - started_at)
+            if not self.ledger.is_live(lease_id, time.time()):
+                raise LeaseExpired(lease_id)
+            result = self.runner.ok(self.job, index, output, attempt, lease_id, started_at)
+        except TransientError as exc:
+            if attempt < self.spec.retry.max_deliver:
+                log.warning(
+                    "chunk retried job=%s index=%s attempt=%d error=%s",
+                    self.job,
+                    index,
+                    attempt,
+                    exc,
+                )
+                self.metrics.chunks_retry_total.inc()
+                await msg.nak(delay=self.spec.retry.nak_delay_s(attempt))
+                return
+            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        except Exception as exc:
+            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        await self._finish(msg, result)
+
+    async def _reject(
+        self, msg: Msg, exc: InvalidMessage, attempt: int, lease_id: str, started_at: float
+    ) -> None:
+        self.metrics.invalid_messages_total.labels(subject="work").inc()
+        index = _index_from(msg)
+        if index is None:
+            # No chunk index to record a result under: drop it, counted and logged.
+            log.warning("undecodable chunk dropped job=%s error=%s", self.job, exc)
+            await msg.term()
+            return
+        await self._finish(
+            msg, self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        )
+
+    async def _finish(self, msg: Msg, result: ChunkResult) -> None:
+        if result.error_kind is not None:
+            self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
+        try:
+            await self._publish(result)
+        except ResultAlreadyRecorded:
+            self.metrics.duplicate_results_total.inc()
+        except VramfabricError as exc:
+            # The result did not reach the stream: leave the chunk for redelivery.
+            log.warning(
+                "result publish failed job=%s index=%d error=%s", self.job, result.index, exc
+            )
+            await msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt))
+            return
+        # The result is stored before the work message is acked (at-least-once, nothing lost).
+        await (msg.ack() if result.ok else msg.term())
+        self.metrics.chunks_done_total.inc()
+
+    async def _publish(self, result: ChunkResult) -> None:
+        subject = self.broker.subjects.result(self.tenant, self.job, result.index)
+        headers = {HEADER_MSG_ID: f"r:{self.job}:{result.index}"}
+        try:
+            ack = await self.conn.js.publish(subject, encode(result), headers=headers)
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        if ack.duplicate:
+            raise ResultAlreadyRecorded(subject)
+
+
+class _KeepAlive:
+    """Sends `in_progress()` every `interval_s` while a chunk runs; short chunks never send it."""
+
+    def __init__(self, msg: Msg, interval_s: float) -> None:
+        self._msg = msg
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval_s, self._tick)
+
+    def _tick(self) -> None:
+        self._loop.create_task(_quiet(self._msg.in_progress()))
+        self._timer = self._loop.call_later(self._interval_s, self._tick)
+
+    def cancel(self) -> None:
+        """Stop sending."""
+        self._timer.cancel()
+
+
+async def _quiet(coro: Any) -> None:
+    try:
+        await coro
+    except Exception as exc:
+        log.debug("in_progress failed error=%s", from_nats(exc))
+
+
+def _index_from(msg: Msg) -> int | None:
+    """The chunk index from the `Nats-Msg-Id` header (`<job>:<index>`), if it parses."""
+    msg_id = (msg.headers or {}).get(HEADER_MSG_ID, "")
+    _job, _sep, tail = msg_id.rpartition(":")
+    return int(tail) if tail.isdigit() else None
