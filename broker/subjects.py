@@ -101,6 +101,18 @@ class Subjects:
         """JetStream API subject for raw pull requests on a consumer."""
         return f"$JS.API.CONSUMER.MSG.NEXT.{token(stream, 'stream')}.{token(consumer, 'consumer')}"
 
+    @staticmethod
+    def stream_info_api(stream: str) -> str:
+        """JetStream API subject for stream info (used with a subjects filter and paging)."""
+        return f"$JS.API.STREAM.INFO.{token(stream, 'stream')}"
+
+    def max_deliveries_advisory(self, stream: str, consumer: str) -> str:
+        """Advisory JetStream sends when a message of a consumer runs out of deliveries."""
+        return (
+            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
+            f"{token(stream, 'stream')}.{token(consumer, 'consumer')}"
+        )
+
     def nodes_bucket(self) -> str:
         """KV bucket holding the latest advert of every live node."""
         return f"{self.prefix}_nodes"

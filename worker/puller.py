@@ -2,13 +2,16 @@
 
 It keeps raw pull requests outstanding on the job's shared durable consumer (NATS_GUIDE.md
 section 11: `fetch(n)` can hold an arrived message for its whole timeout) and handles each
-chunk the moment it arrives. Each request has its own reply subject, so a 408/409 status says
-exactly which request ended and how many of its messages will not come.
+chunk the moment it arrives. The server serves one client's requests in order, so each chunk
+counts against the oldest open request; a 408/409 status ends the oldest one (its
+`Nats-Pending-Messages` is what will not come). A request still open well past its expiry
+was lost in a reconnect and is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -40,7 +43,6 @@ from .settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 _STATUS = "Status"
-_PENDING = "Nats-Pending-Messages"
 
 
 @attrs.define
@@ -56,12 +58,13 @@ class JobPuller:
     metrics: WorkerMetrics
     _free: list[str] = attrs.field(factory=list, init=False)
     _busy: set[str] = attrs.field(factory=set, init=False)
-    _requests: dict[str, list[float]] = attrs.field(factory=dict, init=False)  # inbox -> [left, t]
+    _outstanding: int = attrs.field(default=0, init=False)
+    # Open pull requests, oldest first: [messages still to come, monotonic time sent].
+    _open: collections.deque[list[float]] = attrs.field(factory=collections.deque, init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _inbox: str = attrs.field(default="", init=False)
     _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _next_request: int = attrs.field(default=0, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
 
     @property
@@ -88,7 +91,7 @@ class JobPuller:
     async def run(self) -> None:
         """Pull until the job has no leases here and nothing runs, or until stopped."""
         self._inbox = self.conn.nc.new_inbox()
-        self._sub = await self.conn.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        self._sub = await self.conn.nc.subscribe(self._inbox, cb=self._on_msg)
         log.info(
             "puller started tenant=%s job=%s leases=%d", self.tenant, self.job, len(self._free)
         )
@@ -112,45 +115,47 @@ class JobPuller:
         _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
         return not pending
 
-    def _outstanding(self) -> int:
-        return int(sum(left for left, _t in self._requests.values()))
-
     async def _top_up(self) -> None:
         capacity = min(len(self._free) + len(self._busy), self.settings.max_inflight)
-        want = capacity - len(self._busy) - self._outstanding()
+        want = capacity - len(self._busy) - self._outstanding
         # Top up in halves, as nats.go's Consume does, rather than one request per message.
-        if want <= 0 or (self._requests and want < capacity // 2):
+        if want <= 0 or (self._outstanding and want < capacity // 2):
             return
-        self._next_request += 1
-        reply = f"{self._inbox}.{self._next_request}"
-        self._requests[reply] = [float(want), time.monotonic()]
+        self._outstanding += want
+        self._open.append([want, time.monotonic()])
         body = {"batch": want, "expires": int(self.settings.pull_expires_s * 1e9)}
         subject = self.broker.subjects.pull_next(
             self.broker.subjects.work_stream(self.tenant),
             self.broker.subjects.job_consumer(self.job),
         )
         try:
-            await self.conn.nc.publish(subject, json.dumps(body).encode(), reply=reply)
+            await self.conn.nc.publish(subject, json.dumps(body).encode(), reply=self._inbox)
         except Exception as exc:
-            del self._requests[reply]
+            self._outstanding -= want
+            self._open.pop()
             log.warning("pull request failed job=%s error=%s", self.job, from_nats(exc))
 
     def _expire_requests(self) -> None:
         # A request whose 408 never came (lost in a reconnect) must not block top-ups forever.
-        cutoff = time.monotonic() - self.settings.pull_expires_s - 2.0
-        for reply in [r for r, (_left, t) in self._requests.items() if t < cutoff]:
-            del self._requests[reply]
+        cutoff = time.monotonic() - self.settings.pull_expires_s - 2
+        while self._open and self._open[0][1] < cutoff:
+            log.info("pull request lost job=%s pending=%d", self.job, self._open[0][0])
+            self._end_oldest()
+
+    def _end_oldest(self) -> None:
+        left, _sent = self._open.popleft()
+        self._outstanding -= int(left)
 
     async def _on_msg(self, msg: Msg) -> None:
-        request = self._requests.get(msg.subject)
         status = msg.headers.get(_STATUS) if msg.headers else None
         if status is not None and not msg.data:
             self._on_status(msg, status)
             return
-        if request is not None:
-            request[0] -= 1
-            if request[0] <= 0:
-                del self._requests[msg.subject]
+        if self._open:
+            self._outstanding -= 1
+            self._open[0][0] -= 1
+            if self._open[0][0] <= 0:
+                self._open.popleft()
         if not self._free:
             # The leases shrank since this was asked for: let another lease take it now.
             await msg.nak()
@@ -163,7 +168,8 @@ class JobPuller:
 
     def _on_status(self, msg: Msg, status: str) -> None:
         # 408: request expired; 409: ended (max waiting, leader change, consumer deleted).
-        self._requests.pop(msg.subject, None)
+        if status in ("408", "409") and self._open:
+            self._end_oldest()
         description = msg.headers.get("Description", "") if msg.headers else ""
         if status == "409" and "deleted" in description.lower():
             log.info("job consumer deleted job=%s", self.job)

@@ -1,0 +1,169 @@
+"""Fabric: the Python API. Lease slices, run a job's chunks on them, aggregate, release.
+
+    async with await Fabric.connect() as fabric:
+        result = await fabric.run(Job(HYPERPARAM_EVAL, inputs), ArgMin())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import attrs
+
+from vramfabric.broker import topology
+from vramfabric.broker.codec import encode
+from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.errors import JobTimeout, from_nats
+from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+
+from .aggregate import Aggregator
+from .fleet import FleetView
+from .jobs import Job, finished_chunks, submit_chunks
+from .leasing import LeasePool
+from .results import Progress, ResultsConsumer
+from .settings import CoordinatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class JobResult:
+    """What a finished job returns: the aggregate, counts, failures and phase timings."""
+
+    job_id: str
+    n_chunks: int
+    n_ok: int
+    n_failed: int
+    value: Any
+    failures: tuple[ChunkResult, ...]
+    resumed: int
+    leases_peak: int
+    lease_history: tuple[tuple[float, int], ...]
+    phases_s: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every chunk succeeded."""
+        return self.n_failed == 0
+
+
+@attrs.define
+class Fabric:
+    """A coordinator for one tenant over one NATS connection."""
+
+    broker: BrokerSettings
+    settings: CoordinatorSettings
+    conn: Connection
+    fleet: FleetView = attrs.field(init=False)
+    _owns_conn: bool = False
+
+    @classmethod
+    async def connect(
+        cls, broker: BrokerSettings | None = None, settings: CoordinatorSettings | None = None
+    ) -> Fabric:
+        """Connect with settings from the environment unless given; watch the fleet."""
+        broker = broker or BrokerSettings.from_env()
+        conn = await connect(broker, name="coordinator")
+        fabric = cls(broker, settings or CoordinatorSettings.from_env(), conn, owns_conn=True)
+        await fabric.start()
+        return fabric
+
+    async def start(self) -> None:
+        """Create the tenant's streams and buckets and start watching adverts."""
+        await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
+        self.fleet = FleetView(self.conn, self.broker)
+        await self.fleet.start()
+
+    async def close(self) -> None:
+        """Stop watching; close the connection if this Fabric opened it."""
+        await self.fleet.stop()
+        if self._owns_conn:
+            await self.conn.close()
+
+    async def __aenter__(self) -> Fabric:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(
+        self, job: Job, aggregator: Aggregator, *, slices: int | None = None,
+        progress: Progress | None = None, timeout_s: float | None = None,
+    ) -> JobResult:
+        """Run `job` to completion on up to `slices` leases and return its aggregate.
+
+        Chunks that already have results (an earlier run of the same job id) are not
+        submitted again. Failed chunks are reported in the result, not raised.
+
+        Raises:
+            JobTimeout: not every chunk had a result within `timeout_s`.
+        """
+        t0 = time.perf_counter()
+        spec = job.spec(self.settings)
+        await self._publish_spec(spec)
+        results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress)
+        await results.start()
+        done = await finished_chunks(self.conn, self.broker, spec)
+        todo = [i for i in range(spec.n_chunks) if i not in done]
+        pool = LeasePool(self.conn, self.broker, self.settings, self.fleet, spec.job_id)
+        phases: dict[str, float] = {}
+        grower: asyncio.Task[None] | None = None
+        try:
+            if todo:
+                await topology.ensure_job_consumer(self.conn.js, self.broker, spec)
+                target = min(slices or self.settings.max_slices, len(todo))
+                t = time.perf_counter()
+                await pool.acquire(target)
+                pool.start_renewing()
+                phases["acquire_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                grower = asyncio.get_running_loop().create_task(self._grow(pool, results, target))
+                await submit_chunks(self.conn, self.broker, spec, job.inputs, todo)
+                phases["submit_s"] = time.perf_counter() - t
+            if not await results.wait(timeout_s):
+                raise JobTimeout(f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
+                                 f"done after {timeout_s}s")
+            if todo:
+                phases["execute_s"] = time.perf_counter() - t
+        finally:
+            if grower is not None:
+                grower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await grower
+            t = time.perf_counter()
+            await pool.release()
+            phases["release_s"] = time.perf_counter() - t
+            await results.stop()
+        if todo:
+            await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
+        phases["aggregate_s"] = results.aggregate_s
+        phases["total_s"] = time.perf_counter() - t0
+        return JobResult(
+            job_id=spec.job_id, n_chunks=spec.n_chunks, n_ok=results.n_ok,
+            n_failed=results.n_failed, value=aggregator.value(), failures=tuple(results.failures),
+            resumed=len(done), leases_peak=pool.peak, lease_history=tuple(pool.history),
+            phases_s=phases,
+        )
+
+    async def _publish_spec(self, spec: JobSpec) -> None:
+        kv = await topology.jobs_bucket(self.conn.js, self.broker)
+        try:
+            await kv.put(self.broker.subjects.job_key(spec.tenant, spec.job_id), encode(spec))
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def _grow(self, pool: LeasePool, results: ResultsConsumer, target: int) -> None:
+        """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""
+        while True:
+            await self.fleet.wait_changed(timeout_s=self.broker.node_ttl_s)
+            want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
+            if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:
+                added = await pool.acquire(want)
+                if added:
+                    log.info("leases added mid-run job=%s added=%d held=%d",
+                             results.spec.job_id, added, len(pool))

@@ -1,0 +1,168 @@
+"""LeasePool: elastic acquisition, batched renewal and batched release of one job's leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import defaultdict
+
+import attrs
+
+from vramfabric.broker.codec import RemoteError, decode, encode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import VramfabricError, from_nats
+from vramfabric.broker.messages import (
+    Lease,
+    LeaseGrant,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+)
+from vramfabric.broker.settings import BrokerSettings
+
+from .fleet import FleetView
+from .placement import plan
+from .settings import CoordinatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class LeasePool:
+    """The leases one job holds, by lease id; grows elastically and renews itself."""
+
+    conn: Connection
+    broker: BrokerSettings
+    settings: CoordinatorSettings
+    fleet: FleetView
+    job: str
+    leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    denials: int = attrs.field(default=0, init=False)
+    peak: int = attrs.field(default=0, init=False)
+    history: list[tuple[float, int]] = attrs.field(factory=list, init=False)
+    _renewer: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+
+    def __len__(self) -> int:
+        return len(self.leases)
+
+    async def acquire(self, wanted: int) -> int:
+        """Ask the fleet for up to `wanted` more leases; return how many were granted.
+
+        Requests go to all planned nodes in parallel. A node that denies or grants fewer
+        than asked is left out of the next round; rounds stop when the want is met or no
+        advertised capacity is left. Fewer than `wanted` is not an error: the job runs with
+        what it got (CapacityExceeded is for callers that demand a minimum).
+        """
+        got = 0
+        exclude: set[str] = set()
+        while got < wanted:
+            asks = plan(self.fleet.adverts.values(), self.settings.slice_bytes, wanted - got,
+                        self.settings.placement, frozenset(exclude))
+            if not asks:
+                break
+            grants = await asyncio.gather(*(self._request(node, n) for node, n in asks))
+            for (node, asked), grant in zip(asks, grants, strict=True):
+                got += len(grant)
+                if len(grant) < asked:
+                    exclude.add(node)
+        if got:
+            self._note()
+        return got
+
+    async def _request(self, node: str, count: int) -> list[Lease]:
+        req = LeaseRequest(
+            request_id=uuid.uuid4().hex[:12], job=self.job,
+            count=min(count, self.settings.max_lease_batch),
+            slice_bytes=self.settings.slice_bytes, ttl_s=self.settings.lease_ttl_s,
+        )
+        subject = self.broker.subjects.lease(self.settings.tenant, node, "acquire")
+        data = encode(req)
+        # One retry with the same request_id: the node answers it with the same grant.
+        for attempt in (1, 2):
+            try:
+                reply = await self.conn.nc.request(subject, data, timeout=self.broker.request_timeout_s)
+                grant = decode(LeaseGrant, reply.data)
+                break
+            except RemoteError as exc:
+                log.warning("lease request refused node=%s error=%s", node, exc)
+                return []
+            except Exception as exc:
+                err = from_nats(exc)
+                log.warning("lease request failed node=%s attempt=%d error=%s", node, attempt, err)
+        else:
+            return []
+        if grant.denied:
+            self.denials += 1
+            log.info("lease denied node=%s reason=%s", node, grant.denied)
+        for lease in grant.leases:
+            self.leases[lease.lease_id] = lease
+        return list(grant.leases)
+
+    def _note(self) -> None:
+        self.peak = max(self.peak, len(self.leases))
+        self.history.append((time.time(), len(self.leases)))
+
+    def by_node(self) -> dict[str, list[str]]:
+        """Lease ids grouped by node."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for lease in self.leases.values():
+            groups[lease.node].append(lease.lease_id)
+        return groups
+
+    def start_renewing(self) -> None:
+        """Renew every lease each third of its TTL, one request per node, until released."""
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)  # the renewal period itself
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Renew all leases once; leases a node no longer holds are dropped from the pool."""
+        groups = self.by_node()
+        replies = await asyncio.gather(*(
+            self._call(node, "renew", RenewRequest(tuple(ids), self.settings.lease_ttl_s), RenewReply)
+            for node, ids in groups.items()
+        ))
+        for reply in replies:
+            if isinstance(reply, RenewReply):
+                for lease_id, expires_at in reply.expires_at.items():
+                    if lease_id in self.leases:
+                        self.leases[lease_id] = attrs.evolve(self.leases[lease_id], expires_at=expires_at)
+                for lease_id in reply.unknown:
+                    self.leases.pop(lease_id, None)
+        self._note()
+
+    async def release(self) -> int:
+        """Release every lease now, one request per node, in parallel; return the count."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        groups = self.by_node()
+        replies = await asyncio.gather(*(
+            self._call(node, "release", ReleaseRequest(tuple(ids)), ReleaseReply)
+            for node, ids in groups.items()
+        ))
+        released = sum(len(r.released) for r in replies if isinstance(r, ReleaseReply))
+        # Leases whose release failed expire on their own at their TTL.
+        self.leases.clear()
+        self._note()
+        return released
+
+    async def _call(self, node: str, op: str, req: object, reply_type: type) -> object:
+        subject = self.broker.subjects.lease(self.settings.tenant, node, op)
+        try:
+            reply = await self.conn.nc.request(subject, encode(req), timeout=self.broker.request_timeout_s)
+            return decode(reply_type, reply.data)
+        except VramfabricError as exc:
+            log.warning("lease %s failed node=%s error=%s", op, node, exc)
+        except Exception as exc:
+            log.warning("lease %s failed node=%s error=%s", op, node, from_nats(exc))
+        return None

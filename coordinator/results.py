@@ -1,0 +1,125 @@
+"""ResultsConsumer: streams a job's results in, folds each chunk's first result exactly once.
+
+An ordered consumer replays the results stream from the start, so a resumed job folds the
+results of earlier runs too. Memory is one bit per chunk plus the aggregator's own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from vramfabric.broker.codec import decode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+
+from .aggregate import Aggregator
+
+log = logging.getLogger(__name__)
+
+# Failed results kept for the report; the rest are only counted.
+MAX_KEPT_FAILURES = 100
+
+Progress = Callable[["ResultsConsumer"], None]
+
+
+@attrs.define
+class ResultsConsumer:
+    """Folds one job's results into an aggregator as they arrive."""
+
+    conn: Connection
+    broker: BrokerSettings
+    spec: JobSpec
+    aggregator: Aggregator
+    on_progress: Progress | None = None
+    n_ok: int = attrs.field(default=0, init=False)
+    n_failed: int = attrs.field(default=0, init=False)
+    duplicates: int = attrs.field(default=0, init=False)
+    invalid: int = attrs.field(default=0, init=False)
+    failures: list[ChunkResult] = attrs.field(factory=list, init=False)
+    aggregate_s: float = attrs.field(default=0.0, init=False)
+    last_result_at: float = attrs.field(default=0.0, init=False)
+    _seen: bytearray = attrs.field(init=False)
+    _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Size the seen-bitmap to the job."""
+        self._seen = bytearray(self.spec.n_chunks)
+
+    @property
+    def n_done(self) -> int:
+        """Chunks with a final result (ok or failed)."""
+        return self.n_ok + self.n_failed
+
+    async def start(self) -> None:
+        """Subscribe from the first result of the job on."""
+        s = self.broker.subjects
+        try:
+            self._sub = await self.conn.js.subscribe(
+                s.result_filter(self.spec.tenant, self.spec.job_id),
+                stream=s.results_stream(self.spec.tenant),
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                cb=self._on_msg,
+            )
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            result = decode(ChunkResult, msg.data)
+            if result.job != self.spec.job_id or result.index >= self.spec.n_chunks:
+                raise InvalidMessage("ChunkResult", f"chunk {result.job}:{result.index} is not in this job")
+        except InvalidMessage as exc:
+            self.invalid += 1
+            log.warning("bad result ignored subject=%s error=%s", msg.subject, exc)
+            return
+        self.add(result)
+
+    def add(self, result: ChunkResult) -> None:
+        """Fold one result in, unless this chunk already has one."""
+        if self._seen[result.index]:
+            # The stream keeps one result per chunk; a replay after a consumer reset can repeat it.
+            self.duplicates += 1
+            return
+        self._seen[result.index] = 1
+        if result.ok and result.output is not None:
+            t0 = time.perf_counter()
+            self.aggregator.add(result.index, result.output)
+            self.aggregate_s += time.perf_counter() - t0
+            self.n_ok += 1
+        else:
+            self.n_failed += 1
+            if len(self.failures) < MAX_KEPT_FAILURES:
+                self.failures.append(result)
+        self.last_result_at = time.time()
+        if self.on_progress is not None:
+            self.on_progress(self)
+        if self.n_done == self.spec.n_chunks:
+            self._done.set()
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait until every chunk has a result; False on timeout."""
+        try:
+            await asyncio.wait_for(self._done.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Unsubscribe (the ordered consumer is ephemeral and goes with it)."""
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:
+                log.debug("results unsubscribe failed error=%s", from_nats(exc))

@@ -1,0 +1,40 @@
+"""CoordinatorSettings: tenant, lease sizing and timing, read from the environment once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import attrs
+
+from vramfabric.broker.settings import env_float, env_int
+from vramfabric.broker.subjects import token
+
+PLACEMENTS = ("pack", "spread")
+
+
+@attrs.frozen
+class CoordinatorSettings:
+    """How a coordinator leases slices and runs jobs for one tenant."""
+
+    tenant: str = attrs.field(default="default", validator=lambda _i, _a, v: token(v, "tenant"))
+    slice_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.gt(0))
+    lease_ttl_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(1.0))
+    placement: str = attrs.field(default="pack", validator=attrs.validators.in_(PLACEMENTS))
+    max_slices: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
+    ack_wait_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    max_chunk_bytes: int = attrs.field(default=1_000_000, validator=attrs.validators.gt(0))
+    # Leases asked of one node in one request; a grant of this many fits well under 1 MB.
+    max_lease_batch: int = attrs.field(default=2000, validator=attrs.validators.gt(0))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
+        """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
+        return cls(
+            tenant=environ.get("VRAMFABRIC_TENANT") or "default",
+            slice_bytes=env_int(environ, "VRAMFABRIC_SLICE_BYTES", 512 * 2**20),
+            lease_ttl_s=env_float(environ, "VRAMFABRIC_LEASE_TTL_S", 30.0),
+            placement=environ.get("VRAMFABRIC_PLACEMENT") or "pack",
+            max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
+            ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
+        )
