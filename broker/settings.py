@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -10,6 +11,22 @@ import attrs
 from .subjects import Subjects, token
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse `512MiB`, `48GiB`, `1.5GB` or a plain byte count into bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 512MiB, 48GiB or a byte count)")
+    n_bytes = int(float(match.group(1)) * _UNITS[unit])
+    if n_bytes <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return n_bytes
 
 
 def env_float(environ: Mapping[str, str], name: str, default: float) -> float:

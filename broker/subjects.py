@@ -14,7 +14,6 @@ import attrs
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 HEADER_MSG_ID = "Nats-Msg-Id"
-HEADER_TENANT = "Vf-Tenant"
 
 LEASE_OPS = ("acquire", "renew", "release")
 
@@ -105,13 +104,6 @@ class Subjects:
     def stream_info_api(stream: str) -> str:
         """JetStream API subject for stream info (used with a subjects filter and paging)."""
         return f"$JS.API.STREAM.INFO.{token(stream, 'stream')}"
-
-    def max_deliveries_advisory(self, stream: str, consumer: str) -> str:
-        """Advisory JetStream sends when a message of a consumer runs out of deliveries."""
-        return (
-            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
-            f"{token(stream, 'stream')}.{token(consumer, 'consumer')}"
-        )
 
     def nodes_bucket(self) -> str:
         """KV bucket holding the latest advert of every live node."""

@@ -13,11 +13,10 @@ import attrs
 
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import Disconnected
-from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.settings import BrokerSettings, parse_size
 from vramfabric.kernels import Kernel, Registry, builtin_registry
 
 from .agent import Agent
-from .gpus import parse_size
 from .settings import WorkerSettings
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1

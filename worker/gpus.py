@@ -7,21 +7,10 @@ import re
 
 import attrs
 
+from vramfabric.broker.settings import parse_size
+
 log = logging.getLogger(__name__)
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _SIMULATE = re.compile(r"^\s*(\d+)\s*[xX]\s*(.+)$")
 
 
@@ -33,18 +22,6 @@ class GpuSpec:
     model: str
     total_bytes: int
     simulated: bool = True
-
-
-def parse_size(text: str) -> int:
-    """Parse `512MiB`, `48GiB`, `1.5GB` or a plain byte count into bytes."""
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (try 512MiB, 48GiB or a byte count)")
-    n_bytes = int(float(match.group(1)) * _UNITS[unit])
-    if n_bytes <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return n_bytes
 
 
 def parse_simulate(spec: str) -> tuple[GpuSpec, ...]:

@@ -9,10 +9,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from vramfabric.broker.settings import env_float
+from vramfabric.broker.settings import env_float, parse_size
 from vramfabric.broker.subjects import token
-
-from .gpus import parse_size
 
 
 def default_node_name() -> str:

@@ -1,0 +1,229 @@
+"""`vramfabric`: demo, server, worker, run and status subcommands (argparse, one cmd_* each)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vramfabric.broker import topology
+from vramfabric.broker.codec import decode
+from vramfabric.broker.connection import connect
+from vramfabric.broker.errors import Disconnected, JobTimeout, ServerError, VramfabricError
+from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.server import NatsServer
+from vramfabric.broker.settings import BrokerSettings
+
+from .fabric import Fabric, JobResult
+from .results import ResultsConsumer
+from .settings import CoordinatorSettings
+
+RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
+VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
+GIB = 2**30
+
+err = Console(stderr=True)
+
+
+@contextmanager
+def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsumer], None] | None]:
+    """A live chunks-done bar on stderr, or None when disabled."""
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("chunks"), BarColumn(), MofNCompleteColumn(), TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("chunks", total=total, failed=0)
+
+        def update(results: ResultsConsumer) -> None:
+            bar.update(task, completed=results.n_done, failed=results.n_failed)
+
+        yield update
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Embedded server + simulated workers + the 1000-configuration search."""
+    from .demo import demo
+
+    with progress_bar(not args.json, args.configs) as progress:
+        summary = demo(args.workers, args.simulate, args.slice, args.configs, progress, args.verbose > 1)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_demo(summary)
+    ok = summary["failed"] == 0 and summary["matches_reference"] and summary["leased_bytes_after"] == 0
+    return RET_OK if ok else RET_JOB_FAILED
+
+
+def _print_demo(s: dict[str, Any]) -> None:
+    cfg = s["best_config"] or {}
+    print(f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
+          f"batch_size={cfg.get('batch_size')} dropout={cfg.get('dropout', 0):.2f}")
+    print(f"best validation loss: {s['best_loss']:.6f} "
+          f"({'matches' if s['matches_reference'] else 'DOES NOT MATCH'} the direct reference argmin)")
+    print(f"chunks: {s['ok']} ok, {s['failed']} failed of {s['configs']}")
+    print(f"leases acquired: {s['leases_peak']} (VRAM still leased after release: {s['leased_bytes_after']} bytes)")
+    print(f"wall time: {s['job_s']:.3f} s for the job ({s['chunks_per_s']:.0f} chunks/s), "
+          f"{s['startup_s']:.2f} s to start the server and workers")
+    phases = ", ".join(f"{k[:-2]} {v:.3f}s" for k, v in s["phases_s"].items() if k != "total_s")
+    print(f"phases: {phases}")
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """Run an embedded nats-server in the foreground until interrupted."""
+    server = NatsServer(port=args.port, store_dir=args.store).start()
+    print(f"nats-server ready: export VRAMFABRIC_NATS_URL={server.url}", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        server.stop()
+    return RET_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run a node agent (the only place the CLI reaches into the worker package)."""
+    from vramfabric.worker.__main__ import run
+
+    return run(args)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a JOB.toml against a running fabric."""
+    from .jobfile import load
+
+    try:
+        spec = load(args.jobfile)
+    except (ValueError, ImportError) as exc:
+        err.print(f"vramfabric run: {exc}")
+        return RET_USAGE
+    with progress_bar(not args.json, len(spec.job.inputs)) as progress:
+        result = asyncio.run(_run(spec.job, spec.aggregator, spec.slices, progress, args.timeout_s))
+    report = _report(result)
+    print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+    return RET_OK if result.ok else RET_JOB_FAILED
+
+
+async def _run(job: Any, aggregator: Any, slices: int | None, progress: Any, timeout_s: float | None) -> JobResult:
+    async with await Fabric.connect(BrokerSettings.from_env(), CoordinatorSettings.from_env()) as fabric:
+        return await fabric.run(job, aggregator, slices=slices, progress=progress, timeout_s=timeout_s)
+
+
+def _report(result: JobResult) -> dict[str, Any]:
+    return {
+        "job_id": result.job_id,
+        "value": result.value,
+        "ok": result.n_ok,
+        "failed": result.n_failed,
+        "resumed": result.resumed,
+        "leases_peak": result.leases_peak,
+        "phases_s": {k: round(v, 4) for k, v in result.phases_s.items()},
+        "failures": [f"{f.index}: {f.error_kind.value if f.error_kind else 'error'}: {f.error}" for f in result.failures[:10]],
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print every live node's GPUs, free and leased VRAM, and tenants' usage."""
+    adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
+    if args.json:
+        print(json.dumps([_advert_dict(a) for a in adverts]))
+        return RET_OK
+    if not adverts:
+        print("no live nodes")
+    for a in adverts:
+        free = sum(g.free_bytes for g in a.gpus)
+        leased = sum(g.leased_bytes for g in a.gpus)
+        print(f"{a.node}: {len(a.gpus)} GPU(s), {free / GIB:.1f} GiB free, {leased / GIB:.1f} GiB leased"
+              f", tenants {dict(a.tenants) or '-'}")
+    return RET_OK
+
+
+async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
+    conn = await connect(broker, name="status")
+    try:
+        kv = await topology.nodes_bucket(conn.js, broker)
+        out = []
+        for key in await _keys(kv):
+            entry = await kv.get(key)
+            if entry.value:
+                out.append(decode(NodeAdvert, entry.value))
+        return out
+    finally:
+        await conn.close()
+
+
+async def _keys(kv: Any) -> list[str]:
+    from nats.js.errors import NoKeysError
+
+    try:
+        return sorted(await kv.keys())
+    except NoKeysError:
+        return []
+
+
+def _advert_dict(a: NodeAdvert) -> dict[str, Any]:
+    return {"node": a.node, "sent_at": a.sent_at, "tenants": dict(a.tenants),
+            "gpus": [{"index": g.index, "model": g.model, "total_bytes": g.total_bytes,
+                      "free_bytes": g.free_bytes, "leased_bytes": g.leased_bytes} for g in a.gpus]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="vramfabric", description="GPU memory as a pool of leasable VRAM slices.")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="embedded fabric + the 1000-configuration search")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
+    p.add_argument("--slice", default="512MiB", help="slice per configuration (default 512MiB)")
+    p.add_argument("--configs", type=int, default=1000, choices=range(1, 1001), metavar="1..1000")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.set_defaults(handler=cmd_demo)
+    p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
+    p.add_argument("--port", type=int, default=4222)
+    p.add_argument("--store", help="JetStream store directory (default: a temp dir)")
+    p.set_defaults(handler=cmd_server)
+    from vramfabric.worker.__main__ import add_arguments
+
+    p = sub.add_parser("worker", help="run a node agent")
+    add_arguments(p)
+    p.set_defaults(handler=cmd_worker)
+    p = sub.add_parser("run", help="run a JOB.toml against a running fabric")
+    p.add_argument("jobfile")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=None)
+    p.set_defaults(handler=cmd_run)
+    p = sub.add_parser("status", help="show live nodes and their VRAM")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `vramfabric` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=VERBOSITY.get(args.verbose, logging.DEBUG),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return int(args.handler(args))
+    except Disconnected as exc:
+        err.print(f"vramfabric: {exc}")
+        return RET_CONNECT
+    except JobTimeout as exc:
+        err.print(f"vramfabric: {exc}")
+        return RET_JOB_FAILED
+    except (ServerError, VramfabricError, ValueError) as exc:
+        err.print(f"vramfabric: {exc}")
+        return RET_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

