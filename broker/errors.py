@@ -163,12 +163,13 @@ def from_nats(exc: BaseException) -> VramfabricError:
         return exc
     if isinstance(exc, nats.js.errors.APIError):
         # err_code first: 10077 arrives as a 503 that must not be read as "retry".
-        if exc.err_code == ERR_CODE_RESULT_RECORDED:
+        err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
+        if err_code == ERR_CODE_RESULT_RECORDED:
             return ResultAlreadyRecorded(str(exc))
-        if exc.code is not None and exc.code >= 500:
+        if code is not None and code >= 500:
             return Disconnected(f"jetstream unavailable: {exc}")
-        if isinstance(exc, nats.js.errors.NotFoundError):
-            return InvalidMessage("jetstream request", str(exc))
+        if isinstance(exc, nats.js.errors.NotFoundError | nats.js.errors.KeyNotFoundError):
+            return PermanentError(f"not found: {exc}")
         return PermanentError(f"jetstream error: {exc}")
     if isinstance(exc, nats.errors.NoRespondersError):
         return Disconnected("no responders")

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 DUPLICATE_WINDOW_S = 120.0
 # How many chunks of one job may be out with workers at once (the fleet's in-flight bound).
 MAX_ACK_PENDING = 100_000
+# JetStream: "stream name already in use with a different configuration".
+ERR_CODE_EXISTS_DIFFERENT = 10058
 
 
 def work_stream_config(settings: BrokerSettings, tenant: str) -> StreamConfig:
@@ -94,7 +96,9 @@ async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
-    except nats.js.errors.BadRequestError:
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
+            raise from_nats(exc) from exc
         # Exists with another config (e.g. replicas changed): keep it, log the difference.
         log.warning("stream exists with a different config stream=%s", config.name)
     except Exception as exc:
@@ -135,8 +139,21 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
         storage=StorageType.MEMORY,
         replicas=settings.replicas,
     )
+    return await _bucket(js, config)
+
+
+async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     try:
         return await js.create_key_value(config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
+            raise from_nats(exc) from exc
+        # Another process made it with other settings (say a longer node TTL): share theirs.
+        log.warning("bucket exists with a different config bucket=%s", config.bucket)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+    try:
+        return await js.key_value(config.bucket)
     except Exception as exc:
         raise from_nats(exc) from exc
 
@@ -149,10 +166,7 @@ async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValu
         storage=StorageType.FILE,
         replicas=settings.replicas,
     )
-    try:
-        return await js.create_key_value(config)
-    except Exception as exc:
-        raise from_nats(exc) from exc
+    return await _bucket(js, config)
 
 
 async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> ObjectStore:

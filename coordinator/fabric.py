@@ -161,6 +161,7 @@ class Fabric:
         """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""
         while True:
             await self.fleet.wait_changed(timeout_s=self.broker.node_ttl_s)
+            pool.prune(set(self.fleet.adverts))
             want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
             if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:
                 added = await pool.acquire(want)

@@ -107,6 +107,16 @@ class LeasePool:
         self.peak = max(self.peak, len(self.leases))
         self.history.append((time.time(), len(self.leases)))
 
+    def prune(self, live_nodes: set[str]) -> int:
+        """Forget leases on nodes whose advert vanished: their leases vanished with them."""
+        gone = [i for i, lease in self.leases.items() if lease.node not in live_nodes]
+        for lease_id in gone:
+            del self.leases[lease_id]
+        if gone:
+            log.warning("leases lost with their node job=%s count=%d", self.job, len(gone))
+            self._note()
+        return len(gone)
+
     def by_node(self) -> dict[str, list[str]]:
         """Lease ids grouped by node."""
         groups: dict[str, list[str]] = defaultdict(list)

@@ -31,6 +31,7 @@ class LocalFleet:
     slice_size: str = "512MiB"
     prefix: str = "vf"
     url: str | None = None  # an existing server; None starts an embedded one
+    node_ttl_s: float = 5.0
     worker_args: tuple[str, ...] = ()
     verbose: bool = False
     server: NatsServer | None = attrs.field(default=None, init=False)
@@ -40,7 +41,7 @@ class LocalFleet:
     def broker(self) -> BrokerSettings:
         """Settings for clients of this fleet."""
         url = self.url or (self.server.url if self.server else "")
-        return BrokerSettings(url=url, prefix=self.prefix)
+        return BrokerSettings(url=url, prefix=self.prefix, node_ttl_s=self.node_ttl_s)
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
@@ -58,7 +59,8 @@ class LocalFleet:
 
     def spawn_worker(self, node: str) -> subprocess.Popen[bytes]:
         """Start one worker subprocess with simulated GPUs (not waited for)."""
-        env = dict(os.environ, VRAMFABRIC_NATS_URL=self.broker.url, VRAMFABRIC_PREFIX=self.prefix)
+        env = dict(os.environ, VRAMFABRIC_NATS_URL=self.broker.url, VRAMFABRIC_PREFIX=self.prefix,
+                   VRAMFABRIC_NODE_TTL_S=str(self.node_ttl_s))
         cmd = [sys.executable, "-m", "vramfabric.worker", "--simulate", self.simulate,
                "--slice", self.slice_size, "--node", node, *self.worker_args]
         if self.verbose:

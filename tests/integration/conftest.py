@@ -1,0 +1,54 @@
+"""Factories for agents and fabrics on the session's server, closed after each test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest_asyncio
+
+from tests.kernels_for_tests import KERNELS
+from vramfabric.broker import BrokerSettings, connect
+from vramfabric.coordinator import CoordinatorSettings, Fabric
+from vramfabric.kernels import builtin_registry
+from vramfabric.worker import Agent, WorkerSettings
+
+AgentFactory = Callable[..., Awaitable[Agent]]
+FabricFactory = Callable[..., Awaitable[Fabric]]
+
+
+@pytest_asyncio.fixture
+async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
+    """Start in-process agents (test kernels registered, fast heartbeats); stop them after."""
+    agents: list[Agent] = []
+
+    async def make(node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: object) -> Agent:
+        settings = WorkerSettings(node=node, simulate=simulate, slice_bytes=slice_bytes,
+                                  heartbeat_s=0.2, drain_grace_s=1.0, **kw)  # type: ignore[arg-type]
+        agent = Agent(broker, settings, await connect(broker, name=node),
+                      registry=builtin_registry().with_kernels(KERNELS))
+        await agent.start()
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        if not agent.conn.nc.is_closed:
+            await agent.stop(grace_s=0.5)
+            await agent.conn.close()
+
+
+@pytest_asyncio.fixture
+async def fabric_factory(broker: BrokerSettings) -> AsyncIterator[FabricFactory]:
+    """Connect fabrics with short TTLs and ack waits; close them after."""
+    fabrics: list[Fabric] = []
+
+    async def make(**kw: object) -> Fabric:
+        defaults: dict[str, object] = {"slice_bytes": 2**30, "lease_ttl_s": 3.0, "ack_wait_s": 1.0}
+        defaults.update(kw)
+        fabric = await Fabric.connect(broker, CoordinatorSettings(**defaults))  # type: ignore[arg-type]
+        fabrics.append(fabric)
+        return fabric
+
+    yield make
+    for fabric in fabrics:
+        await fabric.close()

@@ -1,0 +1,153 @@
+"""Lease service against a real server: expiry, capacity denials, hostile payloads."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from tests.helpers import eventually
+from tests.integration.conftest import AgentFactory, FabricFactory
+from tests.kernels_for_tests import SLEEPY, sleepy_input
+from vramfabric.broker import (
+    BrokerSettings,
+    Connection,
+    ErrorKind,
+    LeaseGrant,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RemoteError,
+    decode,
+    encode,
+)
+from vramfabric.broker import topology
+from vramfabric.broker.messages import NodeAdvert
+from vramfabric.coordinator import ArgMin, Job
+
+GIB = 2**30
+
+
+async def request_leases(conn: Connection, broker: BrokerSettings, node: str, count: int,
+                         ttl_s: float = 30.0, request_id: str = "r1") -> LeaseGrant:
+    """Send one acquire request straight to a node."""
+    req = LeaseRequest(request_id=request_id, job="j1", count=count, slice_bytes=GIB, ttl_s=ttl_s)
+    reply = await conn.nc.request(broker.subjects.lease("default", node, "acquire"), encode(req), timeout=2)
+    return decode(LeaseGrant, reply.data)
+
+
+async def advert_of(conn: Connection, broker: BrokerSettings, node: str) -> NodeAdvert:
+    """The node's advert as KV holds it now."""
+    kv = await topology.nodes_bucket(conn.js, broker)
+    return decode(NodeAdvert, (await kv.get(node)).value)
+
+
+async def test_unrenewed_lease_expires_and_next_advert_shows_vram_free(
+    conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory
+) -> None:
+    # Given a node with 2 GPUs of 4 GiB and a 1 s lease on one slice
+    await agent_factory("n1")
+    grant = await request_leases(conn, broker, "n1", count=1, ttl_s=1.0)
+    assert len(grant.leases) == 1
+    async def leased() -> bool:
+        return sum(g.leased_bytes for g in (await advert_of(conn, broker, "n1")).gpus) == GIB
+
+    await eventually(leased, timeout_s=5)
+    # When nobody renews it
+    # Then an advert after its expiry shows all VRAM free again
+    async def freed() -> bool:
+        a = await advert_of(conn, broker, "n1")
+        return a.sent_at > grant.leases[0].expires_at and sum(g.free_bytes for g in a.gpus) == 8 * GIB
+
+    await eventually(freed, timeout_s=5)
+    # And a renewal of it now reports it unknown
+    from vramfabric.broker import RenewReply, RenewRequest
+
+    reply = await conn.nc.request(broker.subjects.lease("default", "n1", "renew"),
+                                  encode(RenewRequest((grant.leases[0].lease_id,), 5.0)), timeout=2)
+    assert decode(RenewReply, reply.data).unknown == (grant.leases[0].lease_id,)
+
+
+async def test_request_beyond_capacity_is_denied_with_a_reason(
+    conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory
+) -> None:
+    # Given a node with 8 slices of 1 GiB
+    await agent_factory("n1")
+    # When one request asks for 10, it gets the 8 there are
+    first = await request_leases(conn, broker, "n1", count=10, request_id="a")
+    assert len(first.leases) == 8 and first.denied is None
+    # Then the next request is denied, saying why
+    second = await request_leases(conn, broker, "n1", count=1, request_id="b")
+    assert second.leases == ()
+    assert second.denied is not None and "no free slice" in second.denied
+    # And releasing gives the VRAM back at once
+    ids = tuple(lease.lease_id for lease in first.leases)
+    reply = await conn.nc.request(broker.subjects.lease("default", "n1", "release"),
+                                  encode(ReleaseRequest(ids)), timeout=2)
+    assert set(decode(ReleaseReply, reply.data).released) == set(ids)
+
+
+async def test_same_request_id_gets_the_same_grant(
+    conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory
+) -> None:
+    # Given a grant whose reply the coordinator may have lost
+    await agent_factory("n1")
+    first = await request_leases(conn, broker, "n1", count=3, request_id="again")
+    # When the same request is sent again
+    second = await request_leases(conn, broker, "n1", count=3, request_id="again")
+    # Then it is the same grant, not three more slices
+    assert [x.lease_id for x in second.leases] == [x.lease_id for x in first.leases]
+    advert = await advert_of(conn, broker, "n1")
+    assert sum(g.leased_bytes for g in advert.gpus) <= 3 * GIB
+
+
+async def test_acquisition_runs_with_fewer_leases_than_asked(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a fleet of 4 slices and a job that asks for 20
+    await agent_factory("n1", simulate="1x4GiB")
+    fabric = await fabric_factory()
+    job = Job(SLEEPY, [sleepy_input(i) for i in range(20)])
+    # When it runs
+    result = await fabric.run(job, ArgMin(), slices=20, timeout_s=30)
+    # Then it finished every chunk on the 4 leases it could get
+    assert result.n_ok == 20
+    assert result.leases_peak == 4
+    assert result.value == (0, 0.0)
+
+
+HOSTILE_PAYLOADS = [
+    b"",
+    b"\xc1\xff garbage",
+    msgpack.packb([1, 2, 3]),
+    msgpack.packb({"t": "LeaseRequest", "v": 99, "request_id": "x", "job": "j", "count": 1,
+                   "slice_bytes": GIB, "ttl_s": 5.0}),
+    msgpack.packb({"t": "LeaseRequest", "v": 1, "request_id": "x", "job": "j", "count": "many",
+                   "slice_bytes": GIB, "ttl_s": 5.0}),
+    msgpack.packb({"t": "LeaseRequest", "v": 1, "request_id": "x", "job": "j.k", "count": 1,
+                   "slice_bytes": GIB, "ttl_s": 5.0}),
+    msgpack.packb({"t": "ChunkResult", "v": 1}),
+    b"\x00" * 2_000_000,
+]
+
+
+@pytest.mark.parametrize("op", ["acquire", "renew", "release"])
+async def test_malformed_lease_requests_get_a_clear_error_and_the_node_keeps_serving(
+    op: str, conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory
+) -> None:
+    # Given a serving node
+    agent = await agent_factory("n1")
+    subject = broker.subjects.lease("default", "n1", op)
+    for payload in HOSTILE_PAYLOADS:
+        if len(payload) > conn.nc.max_payload:
+            continue  # the server itself refuses it; nothing reaches the node
+        # When a malformed request arrives
+        reply = await conn.nc.request(subject, payload, timeout=2)
+        # Then the reply is an error naming the problem
+        with pytest.raises(RemoteError) as info:
+            decode(LeaseGrant, reply.data)
+        assert info.value.remote_kind is ErrorKind.INVALID_MESSAGE
+        assert "invalid" in str(info.value)
+    # And the node still grants leases and counts what it rejected
+    grant = await request_leases(conn, broker, "n1", count=1)
+    assert len(grant.leases) == 1
+    assert agent.metrics.value("invalid_messages_total", subject=f"lease.{op}") >= 6
