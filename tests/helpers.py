@@ -40,3 +40,13 @@ def wait_for_line(stream: object, needle: str, timeout_s: float = 20.0) -> str:
             if needle in text:
                 return text
     raise AssertionError(f"{needle!r} not seen within {timeout_s}s; got: {''.join(seen)[-2000:]}")
+
+
+def poll_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+    """Synchronous `eventually`: poll `predicate` until true; False at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)  # polling interval, not synchronisation
+    return True

@@ -1,0 +1,148 @@
+"""The whole path as a user meets it: the demo command, the CLI, no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import poll_until, wait_for_line
+from tests.integration.conftest import AgentFactory, FabricFactory
+from vramfabric.broker import BrokerSettings
+from vramfabric.coordinator import ArgMin, Job
+from vramfabric.coordinator.demo import reference_argmin
+from vramfabric.kernels import HYPERPARAM_EVAL
+from vramfabric.kernels.hyperparam import encode_config, search_space
+
+CLI = [sys.executable, "-m", "vramfabric.coordinator"]
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists (and is not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """PIDs whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return out
+
+
+async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given two nodes and the 1000-configuration search
+    await agent_factory("n1", simulate="4x80GiB", slice_bytes=512 * 2**20)
+    await agent_factory("n2", simulate="4x80GiB", slice_bytes=512 * 2**20)
+    fabric = await fabric_factory(slice_bytes=512 * 2**20, max_slices=1000)
+    configs = search_space(1000)
+    # When it runs through the fabric
+    result = await fabric.run(Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs]), ArgMin(), timeout_s=60)
+    # Then the best configuration is the one the reference finds directly
+    index, loss = reference_argmin(configs)
+    assert result.n_ok == 1000 and result.leases_peak == 1000
+    assert result.value == (index, float(np.float32(loss)))
+    # And every lease went back
+    assert result.lease_history[-1][1] == 0
+
+
+def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind() -> None:
+    # When a user runs the README's demo
+    proc = subprocess.run([*CLI, "demo", "--json"], capture_output=True, text=True, timeout=120)
+    # Then it succeeds with the best of 1000 configurations, verified against the reference
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["ok"] == 1000 and summary["failed"] == 0
+    assert summary["matches_reference"] is True
+    assert summary["best_index"] == reference_argmin(search_space(1000))[0]
+    # And no lease, worker or server outlives it
+    assert summary["leased_bytes_after"] == 0
+    assert summary["worker_exit_codes"] == [0, 0]
+
+
+def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
+    # Given a demo whose server and workers are running
+    proc = subprocess.Popen([*CLI, "-vv", "demo", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        wait_for_line(proc.stderr, "agent started", timeout_s=30)
+        kids = children_of(proc.pid)
+        assert kids, "the demo has child processes"
+        # When the demo is killed -9 (no cleanup code can run)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        # Then the kernel takes its children down with it
+        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=10), [
+            k for k in kids if alive(k)
+        ]
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+
+
+def test_cli_run_and_status_against_a_running_fabric(broker: BrokerSettings, tmp_path: Path) -> None:
+    # Given a running worker on the test server
+    env = dict(os.environ, VRAMFABRIC_NATS_URL=broker.url, VRAMFABRIC_PREFIX=broker.prefix)
+    worker = subprocess.Popen([*CLI, "worker", "--simulate", "2x8GiB", "--slice", "512MiB",
+                               "--node", "cli-node"], env=env, stdout=subprocess.PIPE)
+    try:
+        wait_for_line(worker.stdout, "worker ready", timeout_s=20)
+        # When a user asks for the status
+        status = subprocess.run([*CLI, "status", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        nodes = json.loads(status.stdout)
+        assert [n["node"] for n in nodes] == ["cli-node"]
+        assert sum(g["free_bytes"] for g in nodes[0]["gpus"]) == 16 * 2**30
+        # And runs a JOB.toml
+        jobfile = tmp_path / "job.toml"
+        jobfile.write_text('kernel = "hyperparam_eval"\naggregate = "argmin"\nslices = 32\n[inputs]\ngrid = 100\n')
+        run = subprocess.run([*CLI, "run", str(jobfile), "--json"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        # Then the job's argmin is the reference's over those 100 configurations
+        assert run.returncode == 0, run.stderr[-3000:]
+        report = json.loads(run.stdout)
+        assert report["ok"] == 100 and report["failed"] == 0
+        assert report["value"][0] == reference_argmin(search_space(100))[0]
+        assert report["leases_peak"] == 32
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+        worker.stdout.close()
+
+
+@pytest.mark.parametrize("content, message", [
+    ('aggregate = "argmin"\n[inputs]\ngrid = 10\n', "missing key 'kernel'"),
+    ('kernel = "nope"\n[inputs]\ngrid = 10\n', "unknown kernel"),
+    ('kernel = "hyperparam_eval"\naggregate = "median"\n[inputs]\ngrid = 10\n', "unknown aggregator"),
+    ('kernel = "hyperparam_eval"\n[inputs]\nglob = "none/*.bin"\n', "matches no file"),
+    ('kernel = [', "cannot read"),
+])
+def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(tmp_path: Path, content: str, message: str) -> None:
+    # Given a job file with a mistake
+    jobfile = tmp_path / "job.toml"
+    jobfile.write_text(content)
+    # When it is run
+    proc = subprocess.run([*CLI, "run", str(jobfile)], capture_output=True, text=True, timeout=30)
+    # Then the CLI exits with a usage error naming the problem
+    assert proc.returncode == 2
+    assert message in proc.stderr
