@@ -126,15 +126,16 @@ def _converter(tp: Any) -> Conv:
     return _SCALARS[tp]
 
 
-def _expect(tp: type, value: Any) -> Any:
-    # bool is an int subclass: never let True stand for a count.
+def _expect(tp: type | tuple[type, ...], value: Any) -> Any:
+    # bool is an int subclass: never let True stand for a count or a number of seconds.
     if not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
-        raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
+        name = tp.__name__ if isinstance(tp, type) else " or ".join(t.__name__ for t in tp)
+        raise TypeError(f"expected {name}, got {type(value).__name__}")
     return value
 
 
 def _float(value: Any) -> float:
-    return float(_expect(int | float, value))  # type: ignore[arg-type]
+    return float(_expect((int, float), value))
 
 
 _SCALARS: dict[Any, Conv] = {

@@ -96,6 +96,8 @@ class Agent:
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
         )
+        # The server must know the subscription before anyone is told this node serves.
+        await self.conn.nc.flush()
         self._spawn(self._heartbeat.run())
         log.info(
             "agent started node=%s gpus=%d backend=%s slices=%d",
