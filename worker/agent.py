@@ -189,10 +189,12 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         released = self.ledger.reap(float("inf"))
-        try:
-            await self._heartbeat.kv.delete(self.settings.node)
-        except Exception as exc:
-            log.warning("advert delete failed node=%s error=%s", self.settings.node, from_nats(exc))
+        if self.conn.nc.is_connected:
+            # Vanish from the fleet view now; without a server the advert's TTL does it.
+            try:
+                await self._heartbeat.kv.delete(self.settings.node)
+            except Exception as exc:
+                log.warning("advert delete failed node=%s error=%s", self.settings.node, from_nats(exc))
         self._backend.close()
         log.info("agent stopped node=%s released=%d", self.settings.node, len(released))
 
