@@ -18,7 +18,7 @@ import nats.js.errors
 ERR_CODE_RESULT_RECORDED = 10077
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """Wire value naming the class of a failure."""
 
     LOAD_FAILED = "load_failed"

@@ -40,7 +40,13 @@ def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsume
     if not enabled:
         yield None
         return
-    columns = (TextColumn("chunks"), BarColumn(), MofNCompleteColumn(), TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("chunks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("chunks", total=total, failed=0)
 
@@ -55,25 +61,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import demo
 
     with progress_bar(not args.json, args.configs) as progress:
-        summary = demo(args.workers, args.simulate, args.slice, args.configs, progress, args.verbose > 1)
+        summary = demo(
+            args.workers, args.simulate, args.slice, args.configs, progress, args.verbose > 1
+        )
     if args.json:
         print(json.dumps(summary))
     else:
         _print_demo(summary)
-    ok = summary["failed"] == 0 and summary["matches_reference"] and summary["leased_bytes_after"] == 0
+    ok = (
+        summary["failed"] == 0
+        and summary["matches_reference"]
+        and summary["leased_bytes_after"] == 0
+    )
     return RET_OK if ok else RET_JOB_FAILED
 
 
 def _print_demo(s: dict[str, Any]) -> None:
     cfg = s["best_config"] or {}
-    print(f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
-          f"batch_size={cfg.get('batch_size')} dropout={cfg.get('dropout', 0):.2f}")
-    print(f"best validation loss: {s['best_loss']:.6f} "
-          f"({'matches' if s['matches_reference'] else 'DOES NOT MATCH'} the direct reference argmin)")
+    print(
+        f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
+        f"batch_size={cfg.get('batch_size')} dropout={cfg.get('dropout', 0):.2f}"
+    )
+    print(
+        f"best validation loss: {s['best_loss']:.6f} "
+        f"({'matches' if s['matches_reference'] else 'DOES NOT MATCH'} the direct reference argmin)"
+    )
     print(f"chunks: {s['ok']} ok, {s['failed']} failed of {s['configs']}")
-    print(f"leases acquired: {s['leases_peak']} (VRAM still leased after release: {s['leased_bytes_after']} bytes)")
-    print(f"wall time: {s['job_s']:.3f} s for the job ({s['chunks_per_s']:.0f} chunks/s), "
-          f"{s['startup_s']:.2f} s to start the server and workers")
+    print(
+        f"leases acquired: {s['leases_peak']} "
+        f"(VRAM still leased after release: {s['leased_bytes_after']} bytes)"
+    )
+    print(
+        f"wall time: {s['job_s']:.3f} s for the job ({s['chunks_per_s']:.0f} chunks/s), "
+        f"{s['startup_s']:.2f} s to start the server and workers"
+    )
     phases = ", ".join(f"{k[:-2]} {v:.3f}s" for k, v in s["phases_s"].items() if k != "total_s")
     print(f"phases: {phases}")
 
@@ -112,9 +133,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return RET_OK if result.ok else RET_JOB_FAILED
 
 
-async def _run(job: Any, aggregator: Any, slices: int | None, progress: Any, timeout_s: float | None) -> JobResult:
-    async with await Fabric.connect(BrokerSettings.from_env(), CoordinatorSettings.from_env()) as fabric:
-        return await fabric.run(job, aggregator, slices=slices, progress=progress, timeout_s=timeout_s)
+async def _run(
+    job: Any, aggregator: Any, slices: int | None, progress: Any, timeout_s: float | None
+) -> JobResult:
+    async with await Fabric.connect(
+        BrokerSettings.from_env(), CoordinatorSettings.from_env()
+    ) as fabric:
+        return await fabric.run(
+            job, aggregator, slices=slices, progress=progress, timeout_s=timeout_s
+        )
 
 
 def _report(result: JobResult) -> dict[str, Any]:
@@ -126,7 +153,10 @@ def _report(result: JobResult) -> dict[str, Any]:
         "resumed": result.resumed,
         "leases_peak": result.leases_peak,
         "phases_s": {k: round(v, 4) for k, v in result.phases_s.items()},
-        "failures": [f"{f.index}: {f.error_kind.value if f.error_kind else 'error'}: {f.error}" for f in result.failures[:10]],
+        "failures": [
+            f"{f.index}: {f.error_kind.value if f.error_kind else 'error'}: {f.error}"
+            for f in result.failures[:10]
+        ],
     }
 
 
@@ -141,8 +171,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     for a in adverts:
         free = sum(g.free_bytes for g in a.gpus)
         leased = sum(g.leased_bytes for g in a.gpus)
-        print(f"{a.node}: {len(a.gpus)} GPU(s), {free / GIB:.1f} GiB free, {leased / GIB:.1f} GiB leased"
-              f", tenants {dict(a.tenants) or '-'}")
+        print(
+            f"{a.node}: {len(a.gpus)} GPU(s), {free / GIB:.1f} GiB free, "
+            f"{leased / GIB:.1f} GiB leased, tenants {dict(a.tenants) or '-'}"
+        )
     return RET_OK
 
 
@@ -170,14 +202,28 @@ async def _keys(kv: Any) -> list[str]:
 
 
 def _advert_dict(a: NodeAdvert) -> dict[str, Any]:
-    return {"node": a.node, "sent_at": a.sent_at, "tenants": dict(a.tenants),
-            "gpus": [{"index": g.index, "model": g.model, "total_bytes": g.total_bytes,
-                      "free_bytes": g.free_bytes, "leased_bytes": g.leased_bytes} for g in a.gpus]}
+    return {
+        "node": a.node,
+        "sent_at": a.sent_at,
+        "tenants": dict(a.tenants),
+        "gpus": [
+            {
+                "index": g.index,
+                "model": g.model,
+                "total_bytes": g.total_bytes,
+                "free_bytes": g.free_bytes,
+                "leased_bytes": g.leased_bytes,
+            }
+            for g in a.gpus
+        ],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="vramfabric", description="GPU memory as a pool of leasable VRAM slices.")
+    parser = argparse.ArgumentParser(
+        prog="vramfabric", description="GPU memory as a pool of leasable VRAM slices."
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embedded fabric + the 1000-configuration search")
@@ -210,8 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vramfabric` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=VERBOSITY.get(args.verbose, logging.DEBUG),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=VERBOSITY.get(args.verbose, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     try:
         return int(args.handler(args))
     except Disconnected as exc:

@@ -6,7 +6,6 @@ import asyncio
 import time
 from typing import Any
 
-import attrs
 import numpy as np
 
 from vramfabric.broker.settings import parse_size
@@ -54,7 +53,11 @@ async def run_search(
 
 
 def demo(
-    workers: int, simulate: str, slice_size: str, n_configs: int, progress: Progress | None,
+    workers: int,
+    simulate: str,
+    slice_size: str,
+    n_configs: int,
+    progress: Progress | None,
     verbose: bool = False,
 ) -> dict[str, Any]:
     """Start an embedded fabric, run the search, stop everything; return the summary."""
@@ -78,7 +81,11 @@ def demo(
         "failed": result.n_failed,
         "best_index": best[0] if best else None,
         "best_loss": best[1] if best else None,
-        "best_config": dict(zip(("learning_rate", "batch_size", "dropout"), configs[best[0]], strict=True)) if best else None,
+        "best_config": dict(
+            zip(("learning_rate", "batch_size", "dropout"), configs[best[0]], strict=True)
+        )
+        if best
+        else None,
         "matches_reference": bool(
             best and best[0] == expected_index and np.float32(best[1]) == np.float32(expected_loss)
         ),

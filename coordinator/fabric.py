@@ -1,7 +1,7 @@
 """Fabric: the Python API. Lease slices, run a job's chunks on them, aggregate, release.
 
-    async with await Fabric.connect() as fabric:
-        result = await fabric.run(Job(HYPERPARAM_EVAL, inputs), ArgMin())
+async with await Fabric.connect() as fabric:
+    result = await fabric.run(Job(HYPERPARAM_EVAL, inputs), ArgMin())
 """
 
 from __future__ import annotations
@@ -92,8 +92,13 @@ class Fabric:
         await self.close()
 
     async def run(
-        self, job: Job, aggregator: Aggregator, *, slices: int | None = None,
-        progress: Progress | None = None, timeout_s: float | None = None,
+        self,
+        job: Job,
+        aggregator: Aggregator,
+        *,
+        slices: int | None = None,
+        progress: Progress | None = None,
+        timeout_s: float | None = None,
     ) -> JobResult:
         """Run `job` to completion on up to `slices` leases and return its aggregate.
 
@@ -126,8 +131,10 @@ class Fabric:
                 await submit_chunks(self.conn, self.broker, spec, job.inputs, todo)
                 phases["submit_s"] = time.perf_counter() - t
             if not await results.wait(timeout_s):
-                raise JobTimeout(f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
-                                 f"done after {timeout_s}s")
+                raise JobTimeout(
+                    f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
+                    f"done after {timeout_s}s"
+                )
             if todo:
                 phases["execute_s"] = time.perf_counter() - t
         finally:
@@ -144,9 +151,15 @@ class Fabric:
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
         return JobResult(
-            job_id=spec.job_id, n_chunks=spec.n_chunks, n_ok=results.n_ok,
-            n_failed=results.n_failed, value=aggregator.value(), failures=tuple(results.failures),
-            resumed=len(done), leases_peak=pool.peak, lease_history=tuple(pool.history),
+            job_id=spec.job_id,
+            n_chunks=spec.n_chunks,
+            n_ok=results.n_ok,
+            n_failed=results.n_failed,
+            value=aggregator.value(),
+            failures=tuple(results.failures),
+            resumed=len(done),
+            leases_peak=pool.peak,
+            lease_history=tuple(pool.history),
             phases_s=phases,
         )
 
@@ -166,5 +179,9 @@ class Fabric:
             if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:
                 added = await pool.acquire(want)
                 if added:
-                    log.info("leases added mid-run job=%s added=%d held=%d",
-                             results.spec.job_id, added, len(pool))
+                    log.info(
+                        "leases added mid-run job=%s added=%d held=%d",
+                        results.spec.job_id,
+                        added,
+                        len(pool),
+                    )

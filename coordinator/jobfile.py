@@ -1,14 +1,14 @@
 """JOB.toml: a job for `vramfabric run`, read and checked with errors that name the key.
 
-    kernel = "hyperparam_eval"      # a registered kernel
-    aggregate = "argmin"            # argmin | argmax | mean | topk | collect
-    slices = 1000                   # leases to ask for (default: one per chunk, capped)
-    job_id = ""                     # optional; default is the hash of the spec
-    output_dir = "out"              # for aggregate = "collect"
-    kernel_modules = ["mypkg.k"]    # modules whose KERNELS are registered too
-    [inputs]
-    grid = 1000                     # hyperparam_eval's search space, or:
-    glob = "inputs/*.bin"           # one chunk per file, in sorted order
+kernel = "hyperparam_eval"      # a registered kernel
+aggregate = "argmin"            # argmin | argmax | mean | topk | collect
+slices = 1000                   # leases to ask for (default: one per chunk, capped)
+job_id = ""                     # optional; default is the hash of the spec
+output_dir = "out"              # for aggregate = "collect"
+kernel_modules = ["mypkg.k"]    # modules whose KERNELS are registered too
+[inputs]
+grid = 1000                     # hyperparam_eval's search space, or:
+glob = "inputs/*.bin"           # one chunk per file, in sorted order
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def load(path: str | Path) -> JobFile:
         raise ValueError(f"cannot read {path}: {exc}") from None
     kernel = _kernel(doc)
     inputs = _inputs(doc.get("inputs"), kernel, Path(path).parent)
-    aggregator = by_name(str(doc.get("aggregate", "collect")), doc.get("output_dir"), int(doc.get("k", 10)))
+    aggregator = by_name(
+        str(doc.get("aggregate", "collect")), doc.get("output_dir"), int(doc.get("k", 10))
+    )
     slices = doc.get("slices")
     if slices is not None and (not isinstance(slices, int) or slices <= 0):
         raise ValueError(f"slices must be a positive integer, got {slices!r}")

@@ -75,7 +75,10 @@ class Job:
 
 
 async def submit_chunks(
-    conn: Connection, broker: BrokerSettings, spec: JobSpec, inputs: Sequence[bytes],
+    conn: Connection,
+    broker: BrokerSettings,
+    spec: JobSpec,
+    inputs: Sequence[bytes],
     indices: Sequence[int],
 ) -> int:
     """Publish the given chunks with idempotent ids; return how many were already queued.
@@ -108,18 +111,20 @@ async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpe
     offset = 0
     while True:
         # Raw STREAM.INFO with paging: the server sends subject details in pages.
-        body = json.dumps({"subjects_filter": s.result_filter(spec.tenant, spec.job_id),
-                           "offset": offset}).encode()
+        body = json.dumps(
+            {"subjects_filter": s.result_filter(spec.tenant, spec.job_id), "offset": offset}
+        ).encode()
         try:
-            reply = await conn.nc.request(s.stream_info_api(stream), body,
-                                          timeout=broker.request_timeout_s)
+            reply = await conn.nc.request(
+                s.stream_info_api(stream), body, timeout=broker.request_timeout_s
+            )
         except Exception as exc:
             raise from_nats(exc) from exc
         info = json.loads(reply.data)
         if "error" in info:
             raise Disconnected(f"stream info for {stream} failed: {info['error']}")
         subjects = info.get("state", {}).get("subjects") or {}
-        done.update(int(subj[len(prefix):]) for subj in subjects)
+        done.update(int(subj[len(prefix) :]) for subj in subjects)
         offset += len(subjects)
         if not subjects or offset >= int(info.get("total", 0)):
             return {i for i in done if i < spec.n_chunks}

@@ -61,8 +61,13 @@ class LeasePool:
         got = 0
         exclude: set[str] = set()
         while got < wanted:
-            asks = plan(self.fleet.adverts.values(), self.settings.slice_bytes, wanted - got,
-                        self.settings.placement, frozenset(exclude))
+            asks = plan(
+                self.fleet.adverts.values(),
+                self.settings.slice_bytes,
+                wanted - got,
+                self.settings.placement,
+                frozenset(exclude),
+            )
             if not asks:
                 break
             grants = await asyncio.gather(*(self._request(node, n) for node, n in asks))
@@ -76,16 +81,20 @@ class LeasePool:
 
     async def _request(self, node: str, count: int) -> list[Lease]:
         req = LeaseRequest(
-            request_id=uuid.uuid4().hex[:12], job=self.job,
+            request_id=uuid.uuid4().hex[:12],
+            job=self.job,
             count=min(count, self.settings.max_lease_batch),
-            slice_bytes=self.settings.slice_bytes, ttl_s=self.settings.lease_ttl_s,
+            slice_bytes=self.settings.slice_bytes,
+            ttl_s=self.settings.lease_ttl_s,
         )
         subject = self.broker.subjects.lease(self.settings.tenant, node, "acquire")
         data = encode(req)
         # One retry with the same request_id: the node answers it with the same grant.
         for attempt in (1, 2):
             try:
-                reply = await self.conn.nc.request(subject, data, timeout=self.broker.request_timeout_s)
+                reply = await self.conn.nc.request(
+                    subject, data, timeout=self.broker.request_timeout_s
+                )
                 grant = decode(LeaseGrant, reply.data)
                 break
             except RemoteError as exc:
@@ -136,15 +145,21 @@ class LeasePool:
     async def renew(self) -> None:
         """Renew all leases once; leases a node no longer holds are dropped from the pool."""
         groups = self.by_node()
-        replies = await asyncio.gather(*(
-            self._call(node, "renew", RenewRequest(tuple(ids), self.settings.lease_ttl_s), RenewReply)
-            for node, ids in groups.items()
-        ))
+        replies = await asyncio.gather(
+            *(
+                self._call(
+                    node, "renew", RenewRequest(tuple(ids), self.settings.lease_ttl_s), RenewReply
+                )
+                for node, ids in groups.items()
+            )
+        )
         for reply in replies:
             if isinstance(reply, RenewReply):
                 for lease_id, expires_at in reply.expires_at.items():
                     if lease_id in self.leases:
-                        self.leases[lease_id] = attrs.evolve(self.leases[lease_id], expires_at=expires_at)
+                        self.leases[lease_id] = attrs.evolve(
+                            self.leases[lease_id], expires_at=expires_at
+                        )
                 for lease_id in reply.unknown:
                     self.leases.pop(lease_id, None)
         self._note()
@@ -156,10 +171,12 @@ class LeasePool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         groups = self.by_node()
-        replies = await asyncio.gather(*(
-            self._call(node, "release", ReleaseRequest(tuple(ids)), ReleaseReply)
-            for node, ids in groups.items()
-        ))
+        replies = await asyncio.gather(
+            *(
+                self._call(node, "release", ReleaseRequest(tuple(ids)), ReleaseReply)
+                for node, ids in groups.items()
+            )
+        )
         released = sum(len(r.released) for r in replies if isinstance(r, ReleaseReply))
         # Leases whose release failed expire on their own at their TTL.
         self.leases.clear()
@@ -169,7 +186,9 @@ class LeasePool:
     async def _call(self, node: str, op: str, req: object, reply_type: type) -> object:
         subject = self.broker.subjects.lease(self.settings.tenant, node, op)
         try:
-            reply = await self.conn.nc.request(subject, encode(req), timeout=self.broker.request_timeout_s)
+            reply = await self.conn.nc.request(
+                subject, encode(req), timeout=self.broker.request_timeout_s
+            )
             return decode(reply_type, reply.data)
         except VramfabricError as exc:
             log.warning("lease %s failed node=%s error=%s", op, node, exc)

@@ -59,15 +59,32 @@ class LocalFleet:
 
     def spawn_worker(self, node: str) -> subprocess.Popen[bytes]:
         """Start one worker subprocess with simulated GPUs (not waited for)."""
-        env = dict(os.environ, VRAMFABRIC_NATS_URL=self.broker.url, VRAMFABRIC_PREFIX=self.prefix,
-                   VRAMFABRIC_NODE_TTL_S=str(self.node_ttl_s))
-        cmd = [sys.executable, "-m", "vramfabric.worker", "--simulate", self.simulate,
-               "--slice", self.slice_size, "--node", node, *self.worker_args]
+        env = dict(
+            os.environ,
+            VRAMFABRIC_NATS_URL=self.broker.url,
+            VRAMFABRIC_PREFIX=self.prefix,
+            VRAMFABRIC_NODE_TTL_S=str(self.node_ttl_s),
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "vramfabric.worker",
+            "--simulate",
+            self.simulate,
+            "--slice",
+            self.slice_size,
+            "--node",
+            node,
+            *self.worker_args,
+        ]
         if self.verbose:
             cmd.append("-v")
         return subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE,
-            stderr=None if self.verbose else subprocess.DEVNULL, preexec_fn=die_with_parent,
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=None if self.verbose else subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
 
     @staticmethod

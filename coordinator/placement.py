@@ -8,7 +8,10 @@ from vramfabric.broker.messages import NodeAdvert
 
 
 def plan(
-    adverts: Iterable[NodeAdvert], slice_bytes: int, wanted: int, policy: str = "pack",
+    adverts: Iterable[NodeAdvert],
+    slice_bytes: int,
+    wanted: int,
+    policy: str = "pack",
     exclude: frozenset[str] = frozenset(),
 ) -> list[tuple[str, int]]:
     """Split `wanted` leases over nodes by advertised free slices.
@@ -18,7 +21,9 @@ def plan(
     Returns (node, count) pairs with count > 0, at most `wanted` in total.
     """
     free = {
-        a.node: n for a in adverts if a.node not in exclude and (n := a.free_slices(slice_bytes)) > 0
+        a.node: n
+        for a in adverts
+        if a.node not in exclude and (n := a.free_slices(slice_bytes)) > 0
     }
     if policy == "pack":
         # Least free first: top up partly used nodes before opening empty ones.

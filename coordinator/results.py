@@ -79,7 +79,9 @@ class ResultsConsumer:
         try:
             result = decode(ChunkResult, msg.data)
             if result.job != self.spec.job_id or result.index >= self.spec.n_chunks:
-                raise InvalidMessage("ChunkResult", f"chunk {result.job}:{result.index} is not in this job")
+                raise InvalidMessage(
+                    "ChunkResult", f"chunk {result.job}:{result.index} is not in this job"
+                )
         except InvalidMessage as exc:
             self.invalid += 1
             log.warning("bad result ignored subject=%s error=%s", msg.subject, exc)

@@ -63,7 +63,8 @@ class Kernel:
         """
         if len(data) > self.max_input_bytes:
             raise KernelArgumentError(
-                f"{self.name}: input of {len(data)} bytes exceeds max_input_bytes={self.max_input_bytes}"
+                f"{self.name}: input of {len(data)} bytes exceeds "
+                f"max_input_bytes={self.max_input_bytes}"
             )
         try:
             out = self.reference(xp, args, data)
@@ -71,6 +72,7 @@ class Kernel:
             raise KernelArgumentError(f"{self.name}: {exc}") from None
         if len(out) > self.max_output_bytes:
             raise KernelArgumentError(
-                f"{self.name}: output of {len(out)} bytes exceeds max_output_bytes={self.max_output_bytes}"
+                f"{self.name}: output of {len(out)} bytes exceeds "
+                f"max_output_bytes={self.max_output_bytes}"
             )
         return out

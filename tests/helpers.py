@@ -8,7 +8,9 @@ from collections.abc import Awaitable, Callable
 
 
 async def eventually(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0, interval_s: float = 0.02
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.02,
 ) -> None:
     """Poll `predicate` until it is true; fail the test with AssertionError at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -24,7 +26,7 @@ async def eventually(
 
 
 def wait_for_line(stream: object, needle: str, timeout_s: float = 20.0) -> str:
-    """Read lines from a subprocess pipe until one contains `needle` (AssertionError at the deadline)."""
+    """Read a subprocess pipe until a line contains `needle`; AssertionError at the deadline."""
     import select
 
     deadline = time.monotonic() + timeout_s
@@ -42,7 +44,9 @@ def wait_for_line(stream: object, needle: str, timeout_s: float = 20.0) -> str:
     raise AssertionError(f"{needle!r} not seen within {timeout_s}s; got: {''.join(seen)[-2000:]}")
 
 
-def poll_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+def poll_until(
+    predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05
+) -> bool:
     """Synchronous `eventually`: poll `predicate` until true; False at the deadline."""
     deadline = time.monotonic() + timeout_s
     while not predicate():

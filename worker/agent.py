@@ -194,7 +194,9 @@ class Agent:
             try:
                 await self._heartbeat.kv.delete(self.settings.node)
             except Exception as exc:
-                log.warning("advert delete failed node=%s error=%s", self.settings.node, from_nats(exc))
+                log.warning(
+                    "advert delete failed node=%s error=%s", self.settings.node, from_nats(exc)
+                )
         self._backend.close()
         log.info("agent stopped node=%s released=%d", self.settings.node, len(released))
 

@@ -87,7 +87,8 @@ class CupyBackend:
         try:
             import cupy
         except ImportError as exc:
-            raise KernelLoadFailed(f"cupy is not installed: pip install vramfabric[gpu] ({exc})")
+            msg = f"cupy is not installed: pip install vramfabric[gpu] ({exc})"
+            raise KernelLoadFailed(msg) from None
         self._cupy = cupy
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="vf-cupy"

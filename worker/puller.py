@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
@@ -99,10 +100,8 @@ class JobPuller:
             while not self._stopping and (self._free or self._busy):
                 await self._top_up()
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.pull_expires_s)
-                except TimeoutError:
-                    pass
                 self._expire_requests()
         finally:
             await self._sub.unsubscribe()

@@ -21,11 +21,23 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
     """Start in-process agents (test kernels registered, fast heartbeats); stop them after."""
     agents: list[Agent] = []
 
-    async def make(node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: object) -> Agent:
-        settings = WorkerSettings(node=node, simulate=simulate, slice_bytes=slice_bytes,
-                                  heartbeat_s=0.2, drain_grace_s=1.0, **kw)  # type: ignore[arg-type]
-        agent = Agent(broker, settings, await connect(broker, name=node),
-                      registry=builtin_registry().with_kernels(KERNELS))
+    async def make(
+        node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: object
+    ) -> Agent:
+        settings = WorkerSettings(
+            node=node,
+            simulate=simulate,
+            slice_bytes=slice_bytes,
+            heartbeat_s=0.2,
+            drain_grace_s=1.0,
+            **kw,
+        )  # type: ignore[arg-type]
+        agent = Agent(
+            broker,
+            settings,
+            await connect(broker, name=node),
+            registry=builtin_registry().with_kernels(KERNELS),
+        )
         await agent.start()
         agents.append(agent)
         return agent

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import msgpack
@@ -31,7 +30,9 @@ from vramfabric.coordinator import ArgMin, CoordinatorSettings, Job
 from vramfabric.coordinator.local import LocalFleet
 
 
-async def prepare_job(conn: Connection, broker: BrokerSettings, job: Job, node: str, leases: int) -> str:
+async def prepare_job(
+    conn: Connection, broker: BrokerSettings, job: Job, node: str, leases: int
+) -> str:
     """Store the job's spec and consumer and lease slices on `node`, as a coordinator would."""
     spec = job.spec(CoordinatorSettings(ack_wait_s=2.0))
     await topology.ensure_tenant(conn.js, broker, spec.tenant)
@@ -39,15 +40,19 @@ async def prepare_job(conn: Connection, broker: BrokerSettings, job: Job, node: 
     await kv.put(broker.subjects.job_key(spec.tenant, spec.job_id), encode(spec))
     await topology.ensure_job_consumer(conn.js, broker, spec)
     req = LeaseRequest(request_id="p1", job=spec.job_id, count=leases, slice_bytes=2**30, ttl_s=30)
-    reply = await conn.nc.request(broker.subjects.lease(spec.tenant, node, "acquire"), encode(req), timeout=2)
+    reply = await conn.nc.request(
+        broker.subjects.lease(spec.tenant, node, "acquire"), encode(req), timeout=2
+    )
     assert len(decode(LeaseGrant, reply.data).leases) == leases
     return spec.job_id
 
 
 async def results_of(conn: Connection, broker: BrokerSettings, job_id: str) -> dict[str, int]:
     """Messages per result subject of the job in the results stream."""
-    info = await conn.js.stream_info(broker.subjects.results_stream("default"),
-                                     subjects_filter=broker.subjects.result_filter("default", job_id))
+    info = await conn.js.stream_info(
+        broker.subjects.results_stream("default"),
+        subjects_filter=broker.subjects.result_filter("default", job_id),
+    )
     return dict(info.state.subjects or {})
 
 
@@ -61,14 +66,19 @@ async def test_chunk_published_twice_yields_one_result(
     subject = broker.subjects.work("default", job_id)
     data = encode(Chunk(job=job_id, index=0, input=sleepy_input(7)))
     # When the same chunk is published twice with its id (a retried submission) ...
-    acks = [await conn.js.publish(subject, data, headers={HEADER_MSG_ID: f"{job_id}:0"}) for _ in range(2)]
+    acks = [
+        await conn.js.publish(subject, data, headers={HEADER_MSG_ID: f"{job_id}:0"})
+        for _ in range(2)
+    ]
     assert [a.duplicate for a in acks] == [None, True]
     # ... and twice more under other ids (a resubmission after the dedup window)
     for suffix in ("late-1", "late-2"):
         await conn.js.publish(subject, data, headers={HEADER_MSG_ID: f"{job_id}:{suffix}"})
     # Then the stream keeps exactly one result, and the later executions are counted duplicates
     await eventually(lambda: agent.metrics.value("chunks_done_total") == 3, timeout_s=10)
-    assert await results_of(conn, broker, job_id) == {broker.subjects.result("default", job_id, 0): 1}
+    assert await results_of(conn, broker, job_id) == {
+        broker.subjects.result("default", job_id, 0): 1
+    }
     assert executions(str(tmp_path)) == {7: 3}
     assert agent.metrics.value("duplicate_results_total") == 2
 
@@ -85,7 +95,9 @@ async def test_first_result_wins_and_a_second_is_rejected(
     from vramfabric.broker import ResultAlreadyRecorded, from_nats
 
     try:
-        await conn.js.publish(subject, encode(ChunkResult(job="jx", index=3, ok=True, output=b"9999", node="b")))
+        await conn.js.publish(
+            subject, encode(ChunkResult(job="jx", index=3, ok=True, output=b"9999", node="b"))
+        )
         raised = None
     except Exception as exc:
         raised = from_nats(exc)
@@ -96,19 +108,32 @@ async def test_first_result_wins_and_a_second_is_rejected(
 
 
 async def test_chunk_of_a_killed_worker_is_finished_by_another_lease(
-    broker: BrokerSettings, agent_factory: AgentFactory, fabric_factory: FabricFactory, tmp_path: Path
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+    tmp_path: Path,
 ) -> None:
     # Given worker A (a real process) running the only chunk of a job
-    fleet = LocalFleet(workers=0, simulate="1x4GiB", slice_size="1GiB", prefix=broker.prefix,
-                       url=broker.url, node_ttl_s=broker.node_ttl_s, worker_args=("--kernel-module", "tests.kernels_for_tests",
-                                                    "--heartbeat-s", "0.2"))
+    fleet = LocalFleet(
+        workers=0,
+        simulate="1x4GiB",
+        slice_size="1GiB",
+        prefix=broker.prefix,
+        url=broker.url,
+        node_ttl_s=broker.node_ttl_s,
+        worker_args=("--kernel-module", "tests.kernels_for_tests", "--heartbeat-s", "0.2"),
+    )
     proc = fleet.spawn_worker("doomed")
     fleet.procs.append(proc)
     try:
         fleet._wait_ready(proc, 20)
         fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=3.0)
-        job = Job(SLEEPY, [sleepy_input(5)], args={"sleep_s": 1.5, "log_dir": str(tmp_path)},
-                  retry=RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0))
+        job = Job(
+            SLEEPY,
+            [sleepy_input(5)],
+            args={"sleep_s": 1.5, "log_dir": str(tmp_path)},
+            retry=RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0),
+        )
         run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=40))
         await eventually(lambda: executions(str(tmp_path)).get(5) == 1, timeout_s=15)
         # When a second node joins and A is killed -9 before it acks
@@ -125,7 +150,10 @@ async def test_chunk_of_a_killed_worker_is_finished_by_another_lease(
 
 
 async def test_malformed_work_messages_are_rejected_and_the_job_still_completes(
-    conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory, fabric_factory: FabricFactory
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
 ) -> None:
     # Given a node and a job whose chunk 0 slot is taken by a garbage message with its id
     agent = await agent_factory("n1")
@@ -166,7 +194,9 @@ async def test_unknown_kernel_fails_each_chunk_with_a_clear_error(
     fabric = await fabric_factory()
     stranger = attrs.evolve(SLEEPY, name="stranger")
     # When a job of it runs
-    result = await fabric.run(Job(stranger, [sleepy_input(1), sleepy_input(2)]), ArgMin(), timeout_s=30)
+    result = await fabric.run(
+        Job(stranger, [sleepy_input(1), sleepy_input(2)]), ArgMin(), timeout_s=30
+    )
     # Then every chunk fails permanently, naming the kernel, without retries
     assert result.n_failed == 2
     assert {f.error_kind for f in result.failures} == {ErrorKind.KERNEL_NOT_FOUND}

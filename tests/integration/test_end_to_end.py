@@ -55,7 +55,9 @@ async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
     fabric = await fabric_factory(slice_bytes=512 * 2**20, max_slices=1000)
     configs = search_space(1000)
     # When it runs through the fabric
-    result = await fabric.run(Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs]), ArgMin(), timeout_s=60)
+    result = await fabric.run(
+        Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs]), ArgMin(), timeout_s=60
+    )
     # Then the best configuration is the one the reference finds directly
     index, loss = reference_argmin(configs)
     assert result.n_ok == 1000 and result.leases_peak == 1000
@@ -80,8 +82,9 @@ def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind() -> No
 
 def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
     # Given a demo whose server and workers are running
-    proc = subprocess.Popen([*CLI, "-vv", "demo", "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*CLI, "-vv", "demo", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         wait_for_line(proc.stderr, "agent started", timeout_s=30)
         kids = children_of(proc.pid)
@@ -100,24 +103,38 @@ def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
             stream.close()
 
 
-def test_cli_run_and_status_against_a_running_fabric(broker: BrokerSettings, tmp_path: Path) -> None:
+def test_cli_run_and_status_against_a_running_fabric(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
     # Given a running worker on the test server
     env = dict(os.environ, VRAMFABRIC_NATS_URL=broker.url, VRAMFABRIC_PREFIX=broker.prefix)
-    worker = subprocess.Popen([*CLI, "worker", "--simulate", "2x8GiB", "--slice", "512MiB",
-                               "--node", "cli-node"], env=env, stdout=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [*CLI, "worker", "--simulate", "2x8GiB", "--slice", "512MiB", "--node", "cli-node"],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
     try:
         wait_for_line(worker.stdout, "worker ready", timeout_s=20)
         # When a user asks for the status
-        status = subprocess.run([*CLI, "status", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        status = subprocess.run(
+            [*CLI, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
+        )
         assert status.returncode == 0, status.stderr
         nodes = json.loads(status.stdout)
         assert [n["node"] for n in nodes] == ["cli-node"]
         assert sum(g["free_bytes"] for g in nodes[0]["gpus"]) == 16 * 2**30
         # And runs a JOB.toml
         jobfile = tmp_path / "job.toml"
-        jobfile.write_text('kernel = "hyperparam_eval"\naggregate = "argmin"\nslices = 32\n[inputs]\ngrid = 100\n')
-        run = subprocess.run([*CLI, "run", str(jobfile), "--json"], env=env, capture_output=True,
-                             text=True, timeout=60)
+        jobfile.write_text(
+            'kernel = "hyperparam_eval"\naggregate = "argmin"\nslices = 32\n[inputs]\ngrid = 100\n'
+        )
+        run = subprocess.run(
+            [*CLI, "run", str(jobfile), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         # Then the job's argmin is the reference's over those 100 configurations
         assert run.returncode == 0, run.stderr[-3000:]
         report = json.loads(run.stdout)
@@ -130,14 +147,22 @@ def test_cli_run_and_status_against_a_running_fabric(broker: BrokerSettings, tmp
         worker.stdout.close()
 
 
-@pytest.mark.parametrize("content, message", [
-    ('aggregate = "argmin"\n[inputs]\ngrid = 10\n', "missing key 'kernel'"),
-    ('kernel = "nope"\n[inputs]\ngrid = 10\n', "unknown kernel"),
-    ('kernel = "hyperparam_eval"\naggregate = "median"\n[inputs]\ngrid = 10\n', "unknown aggregator"),
-    ('kernel = "hyperparam_eval"\n[inputs]\nglob = "none/*.bin"\n', "matches no file"),
-    ('kernel = [', "cannot read"),
-])
-def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(tmp_path: Path, content: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('aggregate = "argmin"\n[inputs]\ngrid = 10\n', "missing key 'kernel'"),
+        ('kernel = "nope"\n[inputs]\ngrid = 10\n', "unknown kernel"),
+        (
+            'kernel = "hyperparam_eval"\naggregate = "median"\n[inputs]\ngrid = 10\n',
+            "unknown aggregator",
+        ),
+        ('kernel = "hyperparam_eval"\n[inputs]\nglob = "none/*.bin"\n', "matches no file"),
+        ("kernel = [", "cannot read"),
+    ],
+)
+def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
+    tmp_path: Path, content: str, message: str
+) -> None:
     # Given a job file with a mistake
     jobfile = tmp_path / "job.toml"
     jobfile.write_text(content)

@@ -19,19 +19,27 @@ from vramfabric.broker import (
     RemoteError,
     decode,
     encode,
+    topology,
 )
-from vramfabric.broker import topology
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator import ArgMin, Job
 
 GIB = 2**30
 
 
-async def request_leases(conn: Connection, broker: BrokerSettings, node: str, count: int,
-                         ttl_s: float = 30.0, request_id: str = "r1") -> LeaseGrant:
+async def request_leases(
+    conn: Connection,
+    broker: BrokerSettings,
+    node: str,
+    count: int,
+    ttl_s: float = 30.0,
+    request_id: str = "r1",
+) -> LeaseGrant:
     """Send one acquire request straight to a node."""
     req = LeaseRequest(request_id=request_id, job="j1", count=count, slice_bytes=GIB, ttl_s=ttl_s)
-    reply = await conn.nc.request(broker.subjects.lease("default", node, "acquire"), encode(req), timeout=2)
+    reply = await conn.nc.request(
+        broker.subjects.lease("default", node, "acquire"), encode(req), timeout=2
+    )
     return decode(LeaseGrant, reply.data)
 
 
@@ -48,22 +56,29 @@ async def test_unrenewed_lease_expires_and_next_advert_shows_vram_free(
     await agent_factory("n1")
     grant = await request_leases(conn, broker, "n1", count=1, ttl_s=1.0)
     assert len(grant.leases) == 1
+
     async def leased() -> bool:
         return sum(g.leased_bytes for g in (await advert_of(conn, broker, "n1")).gpus) == GIB
 
     await eventually(leased, timeout_s=5)
+
     # When nobody renews it
     # Then an advert after its expiry shows all VRAM free again
     async def freed() -> bool:
         a = await advert_of(conn, broker, "n1")
-        return a.sent_at > grant.leases[0].expires_at and sum(g.free_bytes for g in a.gpus) == 8 * GIB
+        return (
+            a.sent_at > grant.leases[0].expires_at and sum(g.free_bytes for g in a.gpus) == 8 * GIB
+        )
 
     await eventually(freed, timeout_s=5)
     # And a renewal of it now reports it unknown
     from vramfabric.broker import RenewReply, RenewRequest
 
-    reply = await conn.nc.request(broker.subjects.lease("default", "n1", "renew"),
-                                  encode(RenewRequest((grant.leases[0].lease_id,), 5.0)), timeout=2)
+    reply = await conn.nc.request(
+        broker.subjects.lease("default", "n1", "renew"),
+        encode(RenewRequest((grant.leases[0].lease_id,), 5.0)),
+        timeout=2,
+    )
     assert decode(RenewReply, reply.data).unknown == (grant.leases[0].lease_id,)
 
 
@@ -81,8 +96,9 @@ async def test_request_beyond_capacity_is_denied_with_a_reason(
     assert second.denied is not None and "no free slice" in second.denied
     # And releasing gives the VRAM back at once
     ids = tuple(lease.lease_id for lease in first.leases)
-    reply = await conn.nc.request(broker.subjects.lease("default", "n1", "release"),
-                                  encode(ReleaseRequest(ids)), timeout=2)
+    reply = await conn.nc.request(
+        broker.subjects.lease("default", "n1", "release"), encode(ReleaseRequest(ids)), timeout=2
+    )
     assert set(decode(ReleaseReply, reply.data).released) == set(ids)
 
 
@@ -119,12 +135,39 @@ HOSTILE_PAYLOADS = [
     b"",
     b"\xc1\xff garbage",
     msgpack.packb([1, 2, 3]),
-    msgpack.packb({"t": "LeaseRequest", "v": 99, "request_id": "x", "job": "j", "count": 1,
-                   "slice_bytes": GIB, "ttl_s": 5.0}),
-    msgpack.packb({"t": "LeaseRequest", "v": 1, "request_id": "x", "job": "j", "count": "many",
-                   "slice_bytes": GIB, "ttl_s": 5.0}),
-    msgpack.packb({"t": "LeaseRequest", "v": 1, "request_id": "x", "job": "j.k", "count": 1,
-                   "slice_bytes": GIB, "ttl_s": 5.0}),
+    msgpack.packb(
+        {
+            "t": "LeaseRequest",
+            "v": 99,
+            "request_id": "x",
+            "job": "j",
+            "count": 1,
+            "slice_bytes": GIB,
+            "ttl_s": 5.0,
+        }
+    ),
+    msgpack.packb(
+        {
+            "t": "LeaseRequest",
+            "v": 1,
+            "request_id": "x",
+            "job": "j",
+            "count": "many",
+            "slice_bytes": GIB,
+            "ttl_s": 5.0,
+        }
+    ),
+    msgpack.packb(
+        {
+            "t": "LeaseRequest",
+            "v": 1,
+            "request_id": "x",
+            "job": "j.k",
+            "count": 1,
+            "slice_bytes": GIB,
+            "ttl_s": 5.0,
+        }
+    ),
     msgpack.packb({"t": "ChunkResult", "v": 1}),
     b"\x00" * 2_000_000,
 ]

@@ -20,8 +20,11 @@ async def test_stopped_coordinator_rerun_completes_without_recomputing_finished_
 ) -> None:
     # Given a job of 40 slow-ish chunks running on 4 leases
     await agent_factory("n1", simulate="1x4GiB")
-    job = Job(SLEEPY, [sleepy_input(i) for i in range(N_CHUNKS)],
-              args={"sleep_s": 0.03, "log_dir": str(tmp_path)})
+    job = Job(
+        SLEEPY,
+        [sleepy_input(i) for i in range(N_CHUNKS)],
+        args={"sleep_s": 0.03, "log_dir": str(tmp_path)},
+    )
     first = await fabric_factory()
     run = asyncio.create_task(first.run(job, Mean(), slices=N_LEASES, timeout_s=60))
     # When the coordinator is stopped once about a quarter of the chunks have run
