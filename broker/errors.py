@@ -166,7 +166,8 @@ def from_nats(exc: BaseException) -> VramfabricError:
         err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
         if err_code == ERR_CODE_RESULT_RECORDED:
             return ResultAlreadyRecorded(str(exc))
-        if code is not None and code >= 500:
+        # A 503 status header gives a ServiceUnavailableError with no code set.
+        if isinstance(exc, nats.js.errors.ServiceUnavailableError) or (code or 0) >= 500:
             return Disconnected(f"jetstream unavailable: {exc}")
         if isinstance(exc, nats.js.errors.NotFoundError | nats.js.errors.KeyNotFoundError):
             return PermanentError(f"not found: {exc}")

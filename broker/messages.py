@@ -159,9 +159,11 @@ def _spec_digest(spec: JobSpec) -> str:
             spec.tenant,
             spec.kernel,
             spec.kernel_digest,
-            dict(spec.args),
+            sorted(spec.args.items()),
             spec.n_chunks,
             spec.inputs_digest,
+            attrs.astuple(spec.retry),
+            spec.ack_wait_s,
         ],
         use_bin_type=True,
     )
@@ -172,8 +174,8 @@ def _spec_digest(spec: JobSpec) -> str:
 class JobSpec:
     """A job as stored in KV: kernel, fixed args, chunk count and retry policy.
 
-    The job id defaults to a hash of the kernel, args, chunk count and inputs, so running the
-    same job twice resumes it rather than duplicating it.
+    The job id defaults to a hash of everything else in the spec (kernel, args, inputs, retry
+    policy, ack wait), so running the same job twice resumes it rather than duplicating it.
     """
 
     tenant: str = attrs.field(validator=_is_token)

@@ -18,7 +18,9 @@ class RetryPolicy:
     delivery), so it lives in broker/ rather than coordinator/.
     """
 
-    max_retries: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    max_retries: int = attrs.field(
+        default=3, validator=[attrs.validators.ge(0), attrs.validators.le(10_000)]
+    )
     initial_backoff_s: float = attrs.field(default=1.0, validator=_positive)
     max_backoff_s: float = attrs.field(default=16.0, validator=_positive)
 
@@ -29,13 +31,16 @@ class RetryPolicy:
 
     def nak_delay_s(self, attempt: int) -> float:
         """Delay before redelivery after the given (1-based) attempt failed transiently."""
-        return float(min(self.max_backoff_s, self.initial_backoff_s * 2 ** max(0, attempt - 1)))
+        # Cap the exponent first: 2**1100 would overflow a float.
+        doublings = min(max(0, attempt - 1), 64)
+        return float(min(self.max_backoff_s, self.initial_backoff_s * 2.0**doublings))
 
     def backoff_s(self, ack_wait_s: float) -> tuple[float, ...]:
         """Ack deadlines per delivery for `ConsumerConfig.backoff` (empty: use ack_wait alone).
 
         A silent holder (a dead worker) is given `ack_wait_s` and then the policy's backoff,
         so a crash loop backs off like an explicit transient failure does. JetStream wants
-        fewer entries than `max_deliver`, and reads `ack_wait` as the first entry.
+        fewer entries than `max_deliver`, and `backoff[0]` replaces `ack_wait` as the first
+        ack deadline (so that deadline is `ack_wait_s` plus the first backoff).
         """
         return tuple(ack_wait_s + self.nak_delay_s(a) for a in range(1, self.max_retries + 1))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .subjects import Subjects, token
+from .subjects import Subjects
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -50,6 +50,17 @@ def env_float(environ: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
+def env_size(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Read a size (`512MiB`, bytes), naming the variable in the error if it does not parse."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
 def env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     """Read an integer variable, naming the variable in the error if it does not parse."""
     raw = environ.get(name)
@@ -66,7 +77,7 @@ class BrokerSettings:
     """Connection and naming settings shared by workers and coordinators."""
 
     url: str = DEFAULT_URL
-    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: token(v, "prefix"))
+    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: Subjects(v))
     user: str | None = None
     password: str | None = None
     creds_file: str | None = None

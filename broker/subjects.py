@@ -11,7 +11,7 @@ import re
 
 import attrs
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 
@@ -20,18 +20,25 @@ LEASE_OPS = ("acquire", "renew", "release")
 
 def token(value: str, what: str = "token") -> str:
     """Return `value` if it is a safe subject token, else raise ValueError naming `what`."""
-    if not isinstance(value, str) or not _TOKEN.match(value):
+    # fullmatch: `$` would let a trailing newline through into a protocol line.
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a subject token (letters, digits, '_' and '-' only)"
         )
     return value
 
 
+def _prefix(value: str) -> None:
+    # Stream names carry the prefix upper-cased: `vf` and `VF` must not share streams.
+    if token(value, "prefix") != value.lower():
+        raise ValueError(f"prefix {value!r} must be lower case")
+
+
 @attrs.frozen
 class Subjects:
     """The names of one fabric, all derived from `prefix` (default `vf`)."""
 
-    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: token(v, "prefix"))
+    prefix: str = attrs.field(default="vf", validator=lambda _i, _a, v: _prefix(v))
 
     # --- core subjects -------------------------------------------------------------------
     def node_advert(self, node: str) -> str:
@@ -125,3 +132,8 @@ class Subjects:
     def chunk_msg_id(job: str, index: int) -> str:
         """Value of `Nats-Msg-Id` for one chunk: the idempotency key of its submission."""
         return f"{job}:{int(index)}"
+
+    @staticmethod
+    def result_msg_id(job: str, index: int) -> str:
+        """Value of `Nats-Msg-Id` for one chunk's result, so a retried publish is idempotent."""
+        return f"r:{job}:{int(index)}"

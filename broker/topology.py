@@ -177,6 +177,7 @@ async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> Objec
         replicas=settings.replicas,
     )
     try:
-        return await js.create_object_store(config=config)
+        # nats-py overwrites config.bucket with its `bucket` argument: pass both.
+        return await js.create_object_store(bucket=config.bucket, config=config)
     except Exception as exc:
         raise from_nats(exc) from exc

@@ -101,6 +101,8 @@ def _print_demo(s: dict[str, Any]) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """Run an embedded nats-server in the foreground until interrupted."""
+    # Block the stop signals first so sigwait receives them instead of their default action.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     server = NatsServer(port=args.port, store_dir=args.store).start()
     print(f"nats-server ready: export VRAMFABRIC_NATS_URL={server.url}", flush=True)
     try:

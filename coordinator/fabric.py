@@ -17,7 +17,7 @@ import attrs
 from vramfabric.broker import topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import JobTimeout, from_nats
+from vramfabric.broker.errors import CapacityExceeded, JobFailed, JobTimeout, from_nats
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -51,6 +51,12 @@ class JobResult:
         """Whether every chunk succeeded."""
         return self.n_failed == 0
 
+    def raise_for_failures(self) -> JobResult:
+        """Return self if every chunk succeeded, else raise JobFailed with the failures."""
+        if self.n_failed:
+            raise JobFailed(self.job_id, self.n_failed, self.failures)
+        return self
+
 
 @attrs.define
 class Fabric:
@@ -76,6 +82,7 @@ class Fabric:
     async def start(self) -> None:
         """Create the tenant's streams and buckets and start watching adverts."""
         await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
+        await topology.kernels_store(self.conn.js, self.broker)
         self.fleet = FleetView(self.conn, self.broker)
         await self.fleet.start()
 
@@ -99,6 +106,7 @@ class Fabric:
         slices: int | None = None,
         progress: Progress | None = None,
         timeout_s: float | None = None,
+        min_slices: int = 0,
     ) -> JobResult:
         """Run `job` to completion on up to `slices` leases and return its aggregate.
 
@@ -106,6 +114,7 @@ class Fabric:
         submitted again. Failed chunks are reported in the result, not raised.
 
         Raises:
+            CapacityExceeded: fewer than `min_slices` leases could be had at the start.
             JobTimeout: not every chunk had a result within `timeout_s`.
         """
         t0 = time.perf_counter()
@@ -124,6 +133,8 @@ class Fabric:
                 target = min(slices or self.settings.max_slices, len(todo))
                 t = time.perf_counter()
                 await pool.acquire(target)
+                if len(pool) < min(min_slices, target):
+                    raise CapacityExceeded(wanted=min_slices, got=len(pool))
                 pool.start_renewing()
                 phases["acquire_s"] = time.perf_counter() - t
                 t = time.perf_counter()

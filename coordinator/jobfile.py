@@ -45,9 +45,9 @@ def load(path: str | Path) -> JobFile:
         raise ValueError(f"cannot read {path}: {exc}") from None
     kernel = _kernel(doc)
     inputs = _inputs(doc.get("inputs"), kernel, Path(path).parent)
-    aggregator = by_name(
-        str(doc.get("aggregate", "collect")), doc.get("output_dir"), int(doc.get("k", 10))
-    )
+    if "aggregate" not in doc:
+        raise ValueError("missing key 'aggregate' (argmin, argmax, mean, topk or collect)")
+    aggregator = by_name(str(doc["aggregate"]), doc.get("output_dir"), int(doc.get("k", 10)))
     slices = doc.get("slices")
     if slices is not None and (not isinstance(slices, int) or slices <= 0):
         raise ValueError(f"slices must be a positive integer, got {slices!r}")

@@ -54,6 +54,12 @@ class Job:
         """
         if not self.inputs:
             raise ValueError("a job needs at least one chunk input")
+        for key, value in self.args.items():
+            if not isinstance(key, str) or not isinstance(value, int | float | str | bytes | bool):
+                raise ValueError(
+                    f"job arg {key!r} must be a str key with an int, float, str, "
+                    f"bytes or bool value, got {type(value).__name__}"
+                )
         limit = min(self.kernel.max_input_bytes, settings.max_chunk_bytes)
         digest = hashlib.sha256()
         for i, data in enumerate(self.inputs):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from vramfabric.broker.settings import env_float, env_int
+from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
 PLACEMENTS = ("pack", "spread")
@@ -32,7 +32,7 @@ class CoordinatorSettings:
         """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
         return cls(
             tenant=environ.get("VRAMFABRIC_TENANT") or "default",
-            slice_bytes=env_int(environ, "VRAMFABRIC_SLICE_BYTES", 512 * 2**20),
+            slice_bytes=env_size(environ, "VRAMFABRIC_SLICE_BYTES", 512 * 2**20),
             lease_ttl_s=env_float(environ, "VRAMFABRIC_LEASE_TTL_S", 30.0),
             placement=environ.get("VRAMFABRIC_PLACEMENT") or "pack",
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),

@@ -25,6 +25,8 @@ MAX_BATCH = 320
 N_TRAIN = N_STEPS * MAX_BATCH
 N_VAL = 512
 _DATA_SEED = 20261121
+# Inputs travel as float32: compare against the float32 value of the limit.
+_MAX_LR = float(np.float32(0.05))
 
 
 @functools.cache
@@ -50,8 +52,9 @@ def decode_config(data: bytes) -> tuple[float, int, float]:
     if len(data) != _CONFIG.size:
         raise ValueError(f"input must be {_CONFIG.size} bytes (<fif), got {len(data)}")
     lr, batch, dropout = _CONFIG.unpack(data)
-    if not 0.0 < lr <= 1.0:
-        raise ValueError(f"learning_rate {lr} outside (0, 1]")
+    # Far beyond 0.05 the larger batches overflow to inf: reject rather than return garbage.
+    if not 0.0 < lr <= _MAX_LR:
+        raise ValueError(f"learning_rate {lr} outside (0, 0.05]")
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch_size {batch} outside 1..{MAX_BATCH}")
     if not 0.0 <= dropout < 1.0:

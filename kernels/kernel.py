@@ -43,7 +43,10 @@ class Kernel:
 
     @property
     def digest(self) -> str:
-        """sha256 over name, version and source: what a JobSpec pins."""
+        """sha256 over name, version, source and entry: what a JobSpec pins.
+
+        The reference's code is not hashed: bump `version` when its numbers change.
+        """
         h = hashlib.sha256()
         for part in (self.name, self.version, self.source, self.entry):
             h.update(part.encode())

@@ -8,11 +8,15 @@ import importlib
 import logging
 import signal
 import sys
+import time
 
 import attrs
 
+from vramfabric.broker import topology
+from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import Disconnected
+from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
 from vramfabric.kernels import Kernel, Registry, builtin_registry
 
@@ -73,16 +77,28 @@ def load_registry(modules: list[str]) -> Registry:
     return registry
 
 
-async def serve(
-    broker: BrokerSettings, settings: WorkerSettings, registry: Registry, check: bool
-) -> int:
+async def check(broker: BrokerSettings, node: str) -> int:
+    """RET_OK if `node`'s advert in KV is younger than the node TTL, else RET_CHECK_FAILED."""
+    conn = await connect(broker, name=f"check-{node}")
+    try:
+        kv = await topology.nodes_bucket(conn.js, broker)
+        try:
+            advert = decode(NodeAdvert, (await kv.get(node)).value or b"")
+        except Exception as exc:  # a missing key, a limit marker or a bad advert: not fresh
+            print(f"vramfabric worker --check: node {node}: {exc}", file=sys.stderr)
+            return RET_CHECK_FAILED
+        age_s = time.time() - advert.sent_at
+        return RET_OK if age_s < broker.node_ttl_s else RET_CHECK_FAILED
+    finally:
+        await conn.close()
+
+
+async def serve(broker: BrokerSettings, settings: WorkerSettings, registry: Registry) -> int:
     """Run the agent until a stop signal; drain on SIGTERM."""
     conn = await connect(broker, name=f"worker-{settings.node}")
     agent = Agent(broker, settings, conn, registry=registry)
     try:
         await agent.start()
-        if check:
-            return RET_OK if await agent.check() else RET_CHECK_FAILED
         if settings.metrics_port:
             from prometheus_client import start_http_server
 
@@ -124,7 +140,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_USAGE
     try:
-        return asyncio.run(serve(broker, settings, registry, args.check))
+        if args.check:
+            if not args.node:
+                raise ValueError("--check needs --node NAME (the node to check)")
+            return asyncio.run(check(broker, settings.node))
+        return asyncio.run(serve(broker, settings, registry))
     except Disconnected as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_CONNECT

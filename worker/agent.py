@@ -13,7 +13,7 @@ from nats.js.kv import KeyValue
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats
+from vramfabric.broker.errors import InvalidMessage, from_nats
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels import Registry, builtin_registry
@@ -91,7 +91,12 @@ class Agent:
         )
         await self._heartbeat.beat()
         service = LeaseService(
-            subjects, self.settings.node, self.ledger, self.metrics, self._on_change
+            subjects,
+            self.settings.node,
+            self.ledger,
+            self.metrics,
+            self._on_change,
+            publish=self.conn.nc.publish,
         )
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
@@ -199,11 +204,3 @@ class Agent:
                 )
         self._backend.close()
         log.info("agent stopped node=%s released=%d", self.settings.node, len(released))
-
-    async def check(self) -> bool:
-        """Whether this node's advert is fresh in KV."""
-        try:
-            entry = await self._heartbeat.kv.get(self.settings.node)
-        except (VramfabricError, Exception):
-            return False
-        return bool(entry.value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 from nats.aio.msg import Msg
@@ -17,9 +17,12 @@ from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.errors import InvalidMessage
 from vramfabric.broker.messages import (
     ErrorReply,
+    Event,
     LeaseGrant,
     LeaseRequest,
+    ReleaseReply,
     ReleaseRequest,
+    RenewReply,
     RenewRequest,
 )
 from vramfabric.broker.subjects import Subjects
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # Called after the ledger changed for (tenant, job), e.g. to start or resize a puller.
 OnChange = Callable[[str, str], None]
+# Core NATS publish, for events.
+Publish = Callable[[str, bytes], Awaitable[None]]
 
 
 @attrs.define
@@ -42,10 +47,11 @@ class LeaseService:
     ledger: SliceLedger
     metrics: WorkerMetrics
     on_change: OnChange
+    publish: Publish
 
     async def handle(self, msg: Msg) -> None:
         """Answer one request; a bad one gets an ErrorReply and changes nothing."""
-        op = "unknown"
+        op, tenant = "unknown", ""
         try:
             tenant, node, op = self.subjects.parse_lease(msg.subject)
             if node != self.node:
@@ -60,8 +66,11 @@ class LeaseService:
         self.metrics.lease_requests_total.labels(op=op, outcome=outcome).inc()
         if msg.reply:
             await msg.respond(encode(reply))
+        event = _event_of(reply, self.node, tenant if outcome == "ok" else "")
+        if event is not None:
+            await self.publish(self.subjects.event(event.kind), encode(event))
 
-    def _serve(self, tenant: str, op: str, data: bytes) -> object:
+    def _serve(self, tenant: str, op: str, data: bytes) -> LeaseGrant | RenewReply | ReleaseReply:
         now = time.time()
         if op == "acquire":
             req = decode(LeaseRequest, data)
@@ -83,3 +92,14 @@ class LeaseService:
         for lease_tenant, job in jobs:
             self.on_change(lease_tenant, job)
         return reply
+
+
+def _event_of(reply: object, node: str, tenant: str) -> Event | None:
+    """The `granted`/`released` event for observers, if the reply changed the ledger."""
+    now = time.time()
+    if isinstance(reply, LeaseGrant) and reply.leases:
+        job = reply.leases[0].job
+        return Event("granted", node=node, tenant=tenant, job=job, count=len(reply.leases), at=now)
+    if isinstance(reply, ReleaseReply) and reply.released:
+        return Event("released", node=node, tenant=tenant, count=len(reply.released), at=now)
+    return None

@@ -35,18 +35,20 @@ class SliceLedger:
     max_ttl_s: float = 3600.0
     _leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _used: dict[int, int] = attrs.field(factory=dict, init=False)
-    # request_id -> lease ids, so a retried request gets the same grant (idempotent acquire).
-    _requests: dict[str, tuple[str, ...]] = attrs.field(factory=dict, init=False)
+    # request_id -> (tenant, lease ids), so a retried request gets the same grant.
+    _requests: dict[str, tuple[str, tuple[str, ...]]] = attrs.field(factory=dict, init=False)
     _unhealthy: set[int] = attrs.field(factory=set, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
 
     def grant(self, req: LeaseRequest, tenant: str, now: float) -> LeaseGrant:
         """Grant up to `req.count` slices, filling one GPU before the next (pack)."""
-        if req.request_id in self._requests:
-            held = tuple(
-                self._leases[i] for i in self._requests[req.request_id] if i in self._leases
-            )
+        owner, ids = self._requests.get(req.request_id, (tenant, ()))
+        if owner != tenant:
+            # Never hand one tenant's leases (or their ids) to another.
+            return LeaseGrant(node=self.node, leases=(), denied="request_id in use; pick another")
+        if ids:
+            held = tuple(self._leases[i] for i in ids if i in self._leases)
             return LeaseGrant(node=self.node, leases=held)
         need = round_up(req.slice_bytes, self.granule_bytes)
         expires_at = now + min(req.ttl_s, self.max_ttl_s)
@@ -75,7 +77,7 @@ class SliceLedger:
             return LeaseGrant(
                 node=self.node, leases=(), denied=f"no free slice of {need} bytes on {self.node}"
             )
-        self._requests[req.request_id] = tuple(lease.lease_id for lease in granted)
+        self._requests[req.request_id] = (tenant, tuple(lease.lease_id for lease in granted))
         return LeaseGrant(node=self.node, leases=tuple(granted))
 
     def renew(self, lease_ids: Iterable[str], tenant: str, ttl_s: float, now: float) -> RenewReply:
@@ -121,7 +123,7 @@ class SliceLedger:
         self._used[lease.gpu] -= lease.slice_bytes
         # Forget the request once all its leases are gone, so the map cannot grow forever.
         request_id = lease.lease_id.rsplit("-", 1)[0]
-        ids = self._requests.get(request_id, ())
+        _owner, ids = self._requests.get(request_id, ("", ()))
         if not any(i in self._leases for i in ids):
             self._requests.pop(request_id, None)
 

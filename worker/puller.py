@@ -63,6 +63,7 @@ class JobPuller:
     # Open pull requests, oldest first: [messages still to come, monotonic time sent].
     _open: collections.deque[list[float]] = attrs.field(factory=collections.deque, init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _backlog: collections.deque[Msg] = attrs.field(factory=collections.deque, init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _inbox: str = attrs.field(default="", init=False)
     _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
@@ -82,6 +83,7 @@ class JobPuller:
         """Resync the free-lease list with the ledger (after a grant, release or reap)."""
         live = {lease.lease_id for lease in self.ledger.leases_of(self.tenant, self.job)}
         self._free = [i for i in live if i not in self._busy]
+        self._dispatch()
         self._wake.set()
 
     def stop_pulling(self) -> None:
@@ -105,6 +107,9 @@ class JobPuller:
                 self._expire_requests()
         finally:
             await self._sub.unsubscribe()
+            # No lease is left to run what was held back: give it to other nodes now.
+            while self._backlog:
+                await _quiet(self._backlog.popleft().nak())
             log.info("puller stopped tenant=%s job=%s", self.tenant, self.job)
 
     async def wait_idle(self, timeout_s: float) -> bool:
@@ -116,7 +121,7 @@ class JobPuller:
 
     async def _top_up(self) -> None:
         capacity = min(len(self._free) + len(self._busy), self.settings.max_inflight)
-        want = capacity - len(self._busy) - self._outstanding
+        want = capacity - len(self._busy) - self._outstanding - len(self._backlog)
         # Top up in halves, as nats.go's Consume does, rather than one request per message.
         if want <= 0 or (self._outstanding and want < capacity // 2):
             return
@@ -155,15 +160,20 @@ class JobPuller:
             self._open[0][0] -= 1
             if self._open[0][0] <= 0:
                 self._open.popleft()
-        if not self._free:
-            # The leases shrank since this was asked for: let another lease take it now.
-            await msg.nak()
-            return
-        lease_id = self._free.pop()
-        self._busy.add(lease_id)
-        task = asyncio.get_running_loop().create_task(self._handle(msg, lease_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # Leases shrank since this was asked for: hold it for the next free lease rather than
+        # nak it, since a nak would spend one of the chunk's deliveries.
+        self._backlog.append(msg)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._backlog and self._free:
+            lease_id = self._free.pop()
+            self._busy.add(lease_id)
+            task = asyncio.get_running_loop().create_task(
+                self._handle(self._backlog.popleft(), lease_id)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _on_status(self, msg: Msg, status: str) -> None:
         # 408: request expired; 409: ended (max waiting, leader change, consumer deleted).
@@ -188,6 +198,7 @@ class JobPuller:
             self._busy.discard(lease_id)
             if self.ledger.is_live(lease_id, time.time()):
                 self._free.append(lease_id)
+            self._dispatch()
             self._wake.set()
 
     async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
@@ -260,7 +271,7 @@ class JobPuller:
 
     async def _publish(self, result: ChunkResult) -> None:
         subject = self.broker.subjects.result(self.tenant, self.job, result.index)
-        headers = {HEADER_MSG_ID: f"r:{self.job}:{result.index}"}
+        headers = {HEADER_MSG_ID: self.broker.subjects.result_msg_id(self.job, result.index)}
         try:
             ack = await self.conn.js.publish(subject, encode(result), headers=headers)
         except Exception as exc:

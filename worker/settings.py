@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from vramfabric.broker.settings import env_float, parse_size
+from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
 
@@ -28,7 +28,7 @@ class WorkerSettings:
 
     node: str = attrs.field(factory=default_node_name, validator=lambda _i, _a, v: token(v, "node"))
     simulate: str | None = None
-    slice_bytes: int = attrs.field(default=2**30, validator=attrs.validators.gt(0))
+    slice_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.gt(0))
     heartbeat_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
     max_ttl_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
     drain_grace_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0))
@@ -38,16 +38,16 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
-        """Build settings from `VRAMFABRIC_WORKER_*` variables; absent ones keep defaults."""
+        """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
         kwargs: dict[str, object] = {}
         if environ.get("VRAMFABRIC_NODE"):
             kwargs["node"] = environ["VRAMFABRIC_NODE"]
         if environ.get("VRAMFABRIC_SIMULATE"):
             kwargs["simulate"] = environ["VRAMFABRIC_SIMULATE"]
         if environ.get("VRAMFABRIC_SLICE"):
-            kwargs["slice_bytes"] = parse_size(environ["VRAMFABRIC_SLICE"])
+            kwargs["slice_bytes"] = env_size(environ, "VRAMFABRIC_SLICE", 0)
         if environ.get("VRAMFABRIC_METRICS_PORT"):
-            kwargs["metrics_port"] = int(environ["VRAMFABRIC_METRICS_PORT"])
+            kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
             heartbeat_s=env_float(environ, "VRAMFABRIC_HEARTBEAT_S", 1.0),
             max_ttl_s=env_float(environ, "VRAMFABRIC_MAX_TTL_S", 3600.0),

@@ -122,8 +122,9 @@ def test_topk_ties_keep_lower_indices_first_whatever_the_arrival_order(largest: 
     # Given five equal outputs and k=3
     pairs = [(4, 1.0), (2, 1.0), (0, 1.0), (3, 1.0), (1, 1.0)]
     # When they arrive in every possible order
-    answers = {tuple(feed(TopK(3, largest=largest), list(p)))
-               for p in itertools.permutations(pairs)}
+    answers = {
+        tuple(feed(TopK(3, largest=largest), list(p))) for p in itertools.permutations(pairs)
+    }
     # Then the lowest three indices are kept, in index order
     assert answers == {((0, 1.0), (1, 1.0), (2, 1.0))}
 
@@ -170,7 +171,7 @@ def test_collect_accepts_an_existing_directory(tmp_path: Path) -> None:
 
 
 def test_fold_applies_the_function_from_the_initial_state() -> None:
-    agg = Fold(lambda state, index, out: state + [(index, scalar(out))], initial=[])
+    agg = Fold(lambda state, index, out: [*state, (index, scalar(out))], initial=[])
     assert feed(agg, [(2, 1.0), (0, 3.0)]) == [(2, 1.0), (0, 3.0)]
 
 

@@ -1,4 +1,4 @@
-"""broker/codec.py and broker/messages.py: every wire type round-trips; bad payloads are InvalidMessage."""
+"""broker/codec.py, broker/messages.py: wire types round-trip; bad payloads are InvalidMessage."""
 
 from __future__ import annotations
 
@@ -42,31 +42,61 @@ def raw(body: Any) -> bytes:
 def lease_request_body(**overrides: Any) -> dict[str, Any]:
     """A valid LeaseRequest payload, with fields overridden (or removed with a ... value)."""
     body: dict[str, Any] = {
-        "t": "LeaseRequest", "v": PROTOCOL_VERSION, "request_id": "r1", "job": "j1",
-        "count": 2, "slice_bytes": 1024, "ttl_s": 30.0,
+        "t": "LeaseRequest",
+        "v": PROTOCOL_VERSION,
+        "request_id": "r1",
+        "job": "j1",
+        "count": 2,
+        "slice_bytes": 1024,
+        "ttl_s": 30.0,
     }
     body.update(overrides)
     return {k: v for k, v in body.items() if v is not ...}
 
 
 def chunk_body(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"t": "Chunk", "v": PROTOCOL_VERSION, "job": "j1", "index": 0,
-                            "input": b"\x00\x01"}
+    body: dict[str, Any] = {
+        "t": "Chunk",
+        "v": PROTOCOL_VERSION,
+        "job": "j1",
+        "index": 0,
+        "input": b"\x00\x01",
+    }
     body.update(overrides)
     return {k: v for k, v in body.items() if v is not ...}
 
 
-LEASE = Lease(lease_id="r1-0", node="n1", gpu=1, slice_bytes=GiB, job="j1", tenant="acme",
-              expires_at=1_700_000_030.5)
+LEASE = Lease(
+    lease_id="r1-0",
+    node="n1",
+    gpu=1,
+    slice_bytes=GiB,
+    job="j1",
+    tenant="acme",
+    expires_at=1_700_000_030.5,
+)
 
 WIRE_OBJECTS = [
     NodeAdvert(
         node="n1",
         gpus=(
-            GpuState(index=0, model="H100", total_bytes=80 * GiB, free_bytes=60 * GiB,
-                     leased_bytes=20 * GiB, slice_bytes=GiB),
-            GpuState(index=1, model="H100", total_bytes=80 * GiB, free_bytes=80 * GiB,
-                     leased_bytes=0, slice_bytes=GiB, healthy=False),
+            GpuState(
+                index=0,
+                model="H100",
+                total_bytes=80 * GiB,
+                free_bytes=60 * GiB,
+                leased_bytes=20 * GiB,
+                slice_bytes=GiB,
+            ),
+            GpuState(
+                index=1,
+                model="H100",
+                total_bytes=80 * GiB,
+                free_bytes=80 * GiB,
+                leased_bytes=0,
+                slice_bytes=GiB,
+                healthy=False,
+            ),
         ),
         tenants={"acme": 16 * GiB, "beta": 4 * GiB},
         sent_at=1_700_000_000.25,
@@ -80,18 +110,36 @@ WIRE_OBJECTS = [
     ReleaseReply(released=("r1-0",), unknown=("gone",)),
     ErrorReply(kind=ErrorKind.LEASE_DENIED, error="quota exceeded"),
     JobSpec(
-        tenant="acme", kernel="hyperparam_eval", kernel_digest="ab" * 32, n_chunks=1000,
+        tenant="acme",
+        kernel="hyperparam_eval",
+        kernel_digest="ab" * 32,
+        n_chunks=1000,
         args={"scale": 1.5, "name": "x", "blob": b"\x00\xff", "flag": True, "none": None, "n": 7},
-        inputs_digest="cd" * 32, retry=RetryPolicy(max_retries=5, initial_backoff_s=0.5,
-                                                    max_backoff_s=8.0),
+        inputs_digest="cd" * 32,
+        retry=RetryPolicy(max_retries=5, initial_backoff_s=0.5, max_backoff_s=8.0),
         ack_wait_s=12.0,
     ),
     JobSpec(tenant="acme", kernel="k", kernel_digest="d", n_chunks=1, job_id="explicit-id"),
     Chunk(job="j1", index=41, input=bytes(range(256))),
-    ChunkResult(job="j1", index=41, ok=True, output=b"\x00\x00\x80?", attempt=1, node="n1",
-                lease_id="r1-0", started_at=1_700_000_001.0, elapsed_s=0.125),
-    ChunkResult(job="j1", index=42, ok=False, error_kind=ErrorKind.VRAM_EXCEEDED,
-                error="slice VRAM exceeded", attempt=3),
+    ChunkResult(
+        job="j1",
+        index=41,
+        ok=True,
+        output=b"\x00\x00\x80?",
+        attempt=1,
+        node="n1",
+        lease_id="r1-0",
+        started_at=1_700_000_001.0,
+        elapsed_s=0.125,
+    ),
+    ChunkResult(
+        job="j1",
+        index=42,
+        ok=False,
+        error_kind=ErrorKind.VRAM_EXCEEDED,
+        error="slice VRAM exceeded",
+        attempt=3,
+    ),
     Event(kind="granted", node="n1", tenant="acme", job="j1", count=3, at=1_700_000_000.0),
 ]
 
@@ -177,86 +225,170 @@ REJECTED = [
     pytest.param(LeaseRequest, raw([1, 2]), "expected a map, got list", id="list"),
     pytest.param(LeaseRequest, raw("LeaseRequest"), "expected a map, got str", id="str"),
     pytest.param(LeaseRequest, raw({1: 2}), "not msgpack", id="int-map-key"),
-    pytest.param(LeaseRequest, raw(lease_request_body(t="Chunk")), "type tag is 'Chunk'",
-                 id="wrong-tag"),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(t="Chunk")), "type tag is 'Chunk'", id="wrong-tag"
+    ),
     pytest.param(LeaseRequest, raw(lease_request_body(t=...)), "type tag is None", id="no-tag"),
-    pytest.param(LeaseRequest, raw(lease_request_body(v=...)), "protocol version None",
-                 id="no-version"),
-    pytest.param(LeaseRequest, raw(lease_request_body(v=2)), "protocol version 2",
-                 id="future-version"),
-    pytest.param(LeaseRequest, raw(lease_request_body(v="1")), "protocol version '1'",
-                 id="str-version"),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(v=...)), "protocol version None", id="no-version"
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(v=2)), "protocol version 2", id="future-version"
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(v="1")), "protocol version '1'", id="str-version"
+    ),
     pytest.param(LeaseRequest, raw(lease_request_body(v=1.0)), "field 'v'", id="float-version"),
     pytest.param(LeaseRequest, raw(lease_request_body(v=True)), "field 'v'", id="bool-version"),
-    pytest.param(LeaseRequest, raw(lease_request_body(count=...)), "missing field 'count'",
-                 id="missing-count"),
-    pytest.param(LeaseRequest, raw(lease_request_body(job=...)), "missing field 'job'",
-                 id="missing-job"),
-    pytest.param(LeaseRequest, raw(lease_request_body(count="3")), "field 'count'",
-                 id="str-for-int"),
-    pytest.param(LeaseRequest, raw(lease_request_body(count=True)), "field 'count'",
-                 id="true-for-count"),
-    pytest.param(LeaseRequest, raw(lease_request_body(count=2.0)), "field 'count'",
-                 id="float-for-int"),
+    pytest.param(
+        LeaseRequest,
+        raw(lease_request_body(count=...)),
+        "missing field 'count'",
+        id="missing-count",
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(job=...)), "missing field 'job'", id="missing-job"
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(count="3")), "field 'count'", id="str-for-int"
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(count=True)), "field 'count'", id="true-for-count"
+    ),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(count=2.0)), "field 'count'", id="float-for-int"
+    ),
     pytest.param(LeaseRequest, raw(lease_request_body(job=7)), "field 'job'", id="int-for-str"),
-    pytest.param(LeaseRequest, raw(lease_request_body(job=b"j1")), "field 'job'",
-                 id="bytes-for-str"),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(job=b"j1")), "field 'job'", id="bytes-for-str"
+    ),
     pytest.param(Chunk, raw(chunk_body(input=[0, 1])), "field 'input'", id="list-for-bytes"),
     pytest.param(Chunk, raw(chunk_body(input="text")), "field 'input'", id="str-for-bytes"),
     pytest.param(LeaseRequest, raw(lease_request_body(count=0)), "count", id="count-zero"),
-    pytest.param(LeaseRequest, raw(lease_request_body(count=100_001)), "count",
-                 id="count-too-big"),
-    pytest.param(LeaseRequest, raw(lease_request_body(slice_bytes=0)), "slice_bytes",
-                 id="slice-zero"),
+    pytest.param(LeaseRequest, raw(lease_request_body(count=100_001)), "count", id="count-too-big"),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(slice_bytes=0)), "slice_bytes", id="slice-zero"
+    ),
     pytest.param(LeaseRequest, raw(lease_request_body(ttl_s=0.0)), "ttl_s", id="ttl-zero"),
     pytest.param(LeaseRequest, raw(lease_request_body(ttl_s=-1.0)), "ttl_s", id="ttl-negative"),
-    pytest.param(LeaseRequest, raw(lease_request_body(ttl_s=float("nan"))), "ttl_s",
-                 id="ttl-nan"),
-    pytest.param(LeaseRequest, raw(lease_request_body(ttl_s=86_401.0)), "ttl_s",
-                 id="ttl-over-a-day"),
+    pytest.param(LeaseRequest, raw(lease_request_body(ttl_s=float("nan"))), "ttl_s", id="ttl-nan"),
+    pytest.param(
+        LeaseRequest, raw(lease_request_body(ttl_s=86_401.0)), "ttl_s", id="ttl-over-a-day"
+    ),
     pytest.param(LeaseRequest, raw(lease_request_body(job="a.b")), "job", id="job-with-dot"),
-    pytest.param(LeaseRequest, raw(lease_request_body(request_id="r*")), "request_id",
-                 id="request-id-wildcard"),
+    pytest.param(
+        LeaseRequest,
+        raw(lease_request_body(request_id="r*")),
+        "request_id",
+        id="request-id-wildcard",
+    ),
     pytest.param(Chunk, raw(chunk_body(job="j.1")), "job", id="chunk-job-with-dot"),
     pytest.param(Chunk, raw(chunk_body(index=-1)), "index", id="negative-index"),
     pytest.param(
         JobSpec,
-        raw({"t": "JobSpec", "v": 1, "tenant": "acme", "kernel": "k", "kernel_digest": "d",
-             "n_chunks": 1, "job_id": "my.job"}),
-        "job_id", id="job-id-with-dot"),
+        raw(
+            {
+                "t": "JobSpec",
+                "v": 1,
+                "tenant": "acme",
+                "kernel": "k",
+                "kernel_digest": "d",
+                "n_chunks": 1,
+                "job_id": "my.job",
+            }
+        ),
+        "job_id",
+        id="job-id-with-dot",
+    ),
     pytest.param(
         JobSpec,
-        raw({"t": "JobSpec", "v": 1, "tenant": "acme", "kernel": "k", "kernel_digest": "d",
-             "n_chunks": 1, "args": {"nested": {"a": 1}}}),
-        "field 'args'", id="nested-arg"),
+        raw(
+            {
+                "t": "JobSpec",
+                "v": 1,
+                "tenant": "acme",
+                "kernel": "k",
+                "kernel_digest": "d",
+                "n_chunks": 1,
+                "args": {"nested": {"a": 1}},
+            }
+        ),
+        "field 'args'",
+        id="nested-arg",
+    ),
     pytest.param(
         JobSpec,
-        raw({"t": "JobSpec", "v": 1, "tenant": "acme", "kernel": "k", "kernel_digest": "d",
-             "n_chunks": 1, "retry": {"max_retries": -1}}),
-        "max_retries", id="bad-nested-retry"),
+        raw(
+            {
+                "t": "JobSpec",
+                "v": 1,
+                "tenant": "acme",
+                "kernel": "k",
+                "kernel_digest": "d",
+                "n_chunks": 1,
+                "retry": {"max_retries": -1},
+            }
+        ),
+        "max_retries",
+        id="bad-nested-retry",
+    ),
     pytest.param(
         NodeAdvert,
-        raw({"t": "NodeAdvert", "v": 1, "node": "n1", "gpus": [{"index": 0}], "tenants": {},
-             "sent_at": 0.0}),
-        "missing field 'model'", id="gpu-missing-fields"),
+        raw(
+            {
+                "t": "NodeAdvert",
+                "v": 1,
+                "node": "n1",
+                "gpus": [{"index": 0}],
+                "tenants": {},
+                "sent_at": 0.0,
+            }
+        ),
+        "missing field 'model'",
+        id="gpu-missing-fields",
+    ),
     pytest.param(
         NodeAdvert,
         raw({"t": "NodeAdvert", "v": 1, "node": "n1", "gpus": {}, "tenants": {}, "sent_at": 0.0}),
-        "field 'gpus'", id="map-for-tuple"),
+        "field 'gpus'",
+        id="map-for-tuple",
+    ),
     pytest.param(
         NodeAdvert,
-        raw({"t": "NodeAdvert", "v": 1, "node": "n1", "gpus": [], "tenants": {"a": "x"},
-             "sent_at": 0.0}),
-        "field 'tenants'", id="str-tenant-usage"),
+        raw(
+            {
+                "t": "NodeAdvert",
+                "v": 1,
+                "node": "n1",
+                "gpus": [],
+                "tenants": {"a": "x"},
+                "sent_at": 0.0,
+            }
+        ),
+        "field 'tenants'",
+        id="str-tenant-usage",
+    ),
     pytest.param(
         ChunkResult,
-        raw({"t": "ChunkResult", "v": 1, "job": "j", "index": 0, "ok": False,
-             "error_kind": "melted"}),
-        "field 'error_kind'", id="unknown-error-kind"),
+        raw(
+            {
+                "t": "ChunkResult",
+                "v": 1,
+                "job": "j",
+                "index": 0,
+                "ok": False,
+                "error_kind": "melted",
+            }
+        ),
+        "field 'error_kind'",
+        id="unknown-error-kind",
+    ),
     pytest.param(
         ChunkResult,
         raw({"t": "ChunkResult", "v": 1, "job": "j", "index": 0, "ok": 1}),
-        "field 'ok'", id="int-for-bool"),
+        "field 'ok'",
+        id="int-for-bool",
+    ),
 ]
 
 
@@ -329,17 +461,25 @@ def test_malformed_error_reply_is_invalid_message_not_remote_error() -> None:
 
 # --- properties -------------------------------------------------------------------------
 
-FUZZ = settings(max_examples=300, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
-    st.text(max_size=8), st.binary(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
 )
 msgpack_values = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 _tokens = st.from_regex(r"[A-Za-z0-9_-]{1,8}", fullmatch=True)
@@ -347,16 +487,25 @@ _opt_float = st.floats(allow_nan=False, allow_infinity=False)
 
 VALID_FIELDS: dict[type, dict[str, st.SearchStrategy[Any]]] = {
     LeaseRequest: {
-        "request_id": _tokens, "job": _tokens, "count": st.integers(1, 100_000),
-        "slice_bytes": st.integers(1, 2**40), "ttl_s": st.floats(0.001, 86_400),
+        "request_id": _tokens,
+        "job": _tokens,
+        "count": st.integers(1, 100_000),
+        "slice_bytes": st.integers(1, 2**40),
+        "ttl_s": st.floats(0.001, 86_400),
     },
     Chunk: {"job": _tokens, "index": st.integers(0, 2**40), "input": st.binary(max_size=16)},
     ChunkResult: {
-        "job": _tokens, "index": st.integers(0, 2**40), "ok": st.booleans(),
+        "job": _tokens,
+        "index": st.integers(0, 2**40),
+        "ok": st.booleans(),
         "output": st.none() | st.binary(max_size=8),
         "error_kind": st.none() | st.sampled_from([k.value for k in ErrorKind]),
-        "error": st.none() | st.text(max_size=8), "attempt": st.integers(1, 100),
-        "node": _tokens, "lease_id": _tokens, "started_at": _opt_float, "elapsed_s": _opt_float,
+        "error": st.none() | st.text(max_size=8),
+        "attempt": st.integers(1, 100),
+        "node": _tokens,
+        "lease_id": _tokens,
+        "started_at": _opt_float,
+        "elapsed_s": _opt_float,
     },
 }
 
@@ -367,10 +516,12 @@ def bodies(cls: type) -> st.SearchStrategy[dict[str, Any]]:
     known = st.fixed_dictionaries(
         {}, optional={name: valid | msgpack_values for name, valid in fields.items()}
     )
-    extra = st.dictionaries(st.text(max_size=6).filter(lambda k: k not in fields), msgpack_values,
-                            max_size=2)
-    return st.builds(lambda k, e: {**e, **k, "t": cls.__name__, "v": PROTOCOL_VERSION}, known,
-                     extra)
+    extra = st.dictionaries(
+        st.text(max_size=6).filter(lambda k: k not in fields), msgpack_values, max_size=2
+    )
+    return st.builds(
+        lambda k, e: {**e, **k, "t": cls.__name__, "v": PROTOCOL_VERSION}, known, extra
+    )
 
 
 def decodes_or_is_invalid(cls: type, data: bytes) -> None:
@@ -403,8 +554,9 @@ def test_random_lease_request_maps_decode_or_raise_invalid_message(body: dict[st
 
 
 @FUZZ
-@example(body={"t": "ChunkResult", "v": 1, "job": "j", "index": 0, "ok": True,
-               "started_at": "noon"})
+@example(
+    body={"t": "ChunkResult", "v": 1, "job": "j", "index": 0, "ok": True, "started_at": "noon"}
+)
 @given(body=bodies(ChunkResult))
 def test_random_chunk_result_maps_decode_or_raise_invalid_message(body: dict[str, Any]) -> None:
     decodes_or_is_invalid(ChunkResult, raw(body))

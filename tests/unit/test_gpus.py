@@ -52,12 +52,15 @@ def test_parse_simulate_builds_that_many_simulated_gpus() -> None:
     assert [g.index for g in gpus] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("spec", "count", "size"), [
-    ("1X512MiB", 1, 512 * 2**20),
-    (" 2 x 1GiB", 2, 2**30),
-    ("64x1GiB", 64, 2**30),
-    ("3x1000", 3, 1000),
-])
+@pytest.mark.parametrize(
+    ("spec", "count", "size"),
+    [
+        ("1X512MiB", 1, 512 * 2**20),
+        (" 2 x 1GiB", 2, 2**30),
+        ("64x1GiB", 64, 2**30),
+        ("3x1000", 3, 1000),
+    ],
+)
 def test_parse_simulate_forms(spec: str, count: int, size: int) -> None:
     gpus = parse_simulate(spec)
     assert len(gpus) == count
@@ -72,7 +75,7 @@ def test_parse_simulate_rejects_bad_specs(spec: str) -> None:
 
 @pytest.mark.parametrize("spec", ["0x1GiB", "65x1GiB"])
 def test_parse_simulate_rejects_counts_outside_1_to_64(spec: str) -> None:
-    with pytest.raises(ValueError, match="simulated GPU count must be 1..64"):
+    with pytest.raises(ValueError, match=r"simulated GPU count must be 1\.\.64"):
         parse_simulate(spec)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from vramfabric.broker import codec
 from vramfabric.broker.messages import LeaseRequest, NodeAdvert
 from vramfabric.worker.gpus import GpuSpec
@@ -19,10 +17,16 @@ def make_ledger(*sizes_gib: int, granule: int = GiB, max_ttl_s: float = 3600.0) 
     return SliceLedger(node="n1", gpus=gpus, granule_bytes=granule, max_ttl_s=max_ttl_s)
 
 
-def req(request_id: str = "r1", count: int = 1, slice_bytes: int = GiB, ttl_s: float = 30.0,
-        job: str = "j1") -> LeaseRequest:
-    return LeaseRequest(request_id=request_id, job=job, count=count, slice_bytes=slice_bytes,
-                        ttl_s=ttl_s)
+def req(
+    request_id: str = "r1",
+    count: int = 1,
+    slice_bytes: int = GiB,
+    ttl_s: float = 30.0,
+    job: str = "j1",
+) -> LeaseRequest:
+    return LeaseRequest(
+        request_id=request_id, job=job, count=count, slice_bytes=slice_bytes, ttl_s=ttl_s
+    )
 
 
 def test_grant_fills_gpu_zero_before_the_next() -> None:
@@ -141,11 +145,6 @@ def test_denied_request_is_not_remembered() -> None:
     assert len(ledger.grant(req("r2"), "acme", T0).leases) == 1
 
 
-@pytest.mark.xfail(
-    reason="BUG: grant's idempotency map is keyed by request_id alone, so another tenant "
-    "reusing a request_id is handed the first tenant's leases (and learns their ids)",
-    strict=True,
-)
 def test_request_id_of_another_tenant_does_not_return_their_leases() -> None:
     # Given tenant acme holding a lease from request r1
     ledger = make_ledger(8)
@@ -301,8 +300,12 @@ def test_advert_shows_per_gpu_state_and_per_tenant_usage() -> None:
     assert advert.tenants == {"acme": 5 * GiB, "beta": 4 * GiB}
     g0, g1 = advert.gpus
     assert (g0.index, g0.total_bytes, g0.free_bytes, g0.leased_bytes) == (0, 4 * GiB, 0, 4 * GiB)
-    assert (g1.index, g1.total_bytes, g1.free_bytes, g1.leased_bytes) == (1, 8 * GiB, 3 * GiB,
-                                                                         5 * GiB)
+    assert (g1.index, g1.total_bytes, g1.free_bytes, g1.leased_bytes) == (
+        1,
+        8 * GiB,
+        3 * GiB,
+        5 * GiB,
+    )
     assert g0.slice_bytes == g1.slice_bytes == GiB
     assert g0.model == "sim"
     assert advert.free_slices(GiB) == 3

@@ -13,8 +13,15 @@ S = 2**30  # slice size and granule
 def advert(node: str, *free: int, healthy: bool = True) -> NodeAdvert:
     """A node with one GPU per entry of `free`, each with that many free slices of S."""
     gpus = tuple(
-        GpuState(index=i, model="sim", total_bytes=16 * S, free_bytes=n * S,
-                 leased_bytes=(16 - n) * S, slice_bytes=S, healthy=healthy)
+        GpuState(
+            index=i,
+            model="sim",
+            total_bytes=16 * S,
+            free_bytes=n * S,
+            leased_bytes=(16 - n) * S,
+            slice_bytes=S,
+            healthy=healthy,
+        )
         for i, n in enumerate(free)
     )
     return NodeAdvert(node=node, gpus=gpus, tenants={}, sent_at=0.0)
@@ -61,8 +68,9 @@ def test_spread_takes_everything_when_wanted_exceeds_capacity() -> None:
 
 @pytest.mark.parametrize("policy", ["pack", "spread"])
 @pytest.mark.parametrize("wanted", [0, 1, 4, 7, 10, 11])
-def test_plans_never_exceed_wanted_or_free_and_have_positive_counts(policy: str,
-                                                                   wanted: int) -> None:
+def test_plans_never_exceed_wanted_or_free_and_have_positive_counts(
+    policy: str, wanted: int
+) -> None:
     free = {"a": 2, "b": 5, "c": 3}
     out = plan(FLEET, S, wanted, policy)
     assert sum(n for _, n in out) == min(wanted, 10)

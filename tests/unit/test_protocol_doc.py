@@ -23,7 +23,7 @@ def code_names() -> set[str]:
         s.work_stream("tenantid"), s.results_stream("tenantid"), s.job_consumer("jobid"),
         s.pull_next("streamid", "consumerid"), s.stream_info_api("streamid"),
         s.nodes_bucket(), s.jobs_bucket(), s.kernels_store(), s.job_key("tenantid", "jobid"),
-        s.chunk_msg_id("jobid", 424242), HEADER_MSG_ID,
+        s.chunk_msg_id("jobid", 424242), s.result_msg_id("jobid", 424242), HEADER_MSG_ID,
         *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
     }
     out = set()
