@@ -149,6 +149,7 @@ class Fabric:
             if todo:
                 phases["execute_s"] = time.perf_counter() - t
         finally:
+            pool.closing = True
             if grower is not None:
                 grower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -183,8 +184,10 @@ class Fabric:
 
     async def _grow(self, pool: LeasePool, results: ResultsConsumer, target: int) -> None:
         """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""
-        while True:
+        while not pool.closing:
             await self.fleet.wait_changed(timeout_s=self.broker.node_ttl_s)
+            if pool.closing:
+                return
             pool.prune(set(self.fleet.adverts))
             want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
             if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:

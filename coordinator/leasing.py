@@ -31,6 +31,8 @@ from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 
+_RETRY_PAUSE_S = 0.05
+
 
 @attrs.define
 class LeasePool:
@@ -46,6 +48,9 @@ class LeasePool:
     peak: int = attrs.field(default=0, init=False)
     history: list[tuple[float, int]] = attrs.field(factory=list, init=False)
     _renewer: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    # Loops check this as well as being cancelled: a cancellation racing a nats-py request
+    # can be swallowed (asyncio.wait_for on Python 3.11), and the loop must still end.
+    closing: bool = attrs.field(default=False, init=False)
 
     def __len__(self) -> int:
         return len(self.leases)
@@ -103,6 +108,8 @@ class LeasePool:
             except Exception as exc:
                 err = from_nats(exc)
                 log.warning("lease request failed node=%s attempt=%d error=%s", node, attempt, err)
+                # A node that has just started can be briefly unknown to the server.
+                await asyncio.sleep(_RETRY_PAUSE_S)
         else:
             return []
         if grant.denied:
@@ -138,9 +145,10 @@ class LeasePool:
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
 
     async def _renew_loop(self) -> None:
-        while True:
+        while not self.closing:
             await asyncio.sleep(self.settings.lease_ttl_s / 3)  # the renewal period itself
-            await self.renew()
+            if not self.closing:
+                await self.renew()
 
     async def renew(self) -> None:
         """Renew all leases once; leases a node no longer holds are dropped from the pool."""
@@ -166,6 +174,7 @@ class LeasePool:
 
     async def release(self) -> int:
         """Release every lease now, one request per node, in parallel; return the count."""
+        self.closing = True
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -37,14 +37,24 @@ class Heartbeat:
     heartbeat_s: float
     on_reaped: Callable[[list[Lease]], None]
     _poked: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _running: bool = attrs.field(default=True, init=False)
 
     def poke(self) -> None:
         """Ask for an advert soon (the fleet view should see grants and releases quickly)."""
         self._poked.set()
 
+    def stop(self) -> None:
+        """End the loop after the current beat.
+
+        Cancelling alone is not enough: nats-py's JetStream publish turns a cancellation
+        into a timeout, which the loop would log and survive.
+        """
+        self._running = False
+        self._poked.set()
+
     async def run(self) -> None:
-        """Beat until cancelled; a failed publish is logged and retried on the next beat."""
-        while True:
+        """Beat until stopped; a failed publish is logged and retried on the next beat."""
+        while self._running:
             try:
                 await self.beat()
             except VramfabricError as exc:

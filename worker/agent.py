@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -61,6 +62,7 @@ class Agent:
     _pullers: dict[JobKey, JobPuller] = attrs.field(factory=dict, init=False)
     _starting: set[JobKey] = attrs.field(factory=set, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
+    _stopped: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __repr__(self) -> str:
         m = self.metrics
@@ -89,7 +91,6 @@ class Agent:
             self.settings.heartbeat_s,
             on_reaped=self._on_reaped,
         )
-        await self._heartbeat.beat()
         service = LeaseService(
             subjects,
             self.settings.node,
@@ -101,8 +102,9 @@ class Agent:
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
         )
-        # The server must know the subscription before anyone is told this node serves.
+        # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
+        await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(
             "agent started node=%s gpus=%d backend=%s slices=%d",
@@ -175,21 +177,23 @@ class Agent:
                     key[1],
                     from_nats(exc),
                 )
-            await asyncio.sleep(
-                self.settings.pull_expires_s
-            )  # spec written later: poll, bounded by lease life
+            # The spec may be written later: poll, but wake at once on stop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.settings.pull_expires_s)
         return None
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking work, let running chunks finish for `grace_s`, release every lease."""
         grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
         self._stopping = True
+        self._stopped.set()
         if self._sub is not None:
             await self._sub.unsubscribe()
         for puller in list(self._pullers.values()):
             puller.stop_pulling()
         for puller in list(self._pullers.values()):
             await puller.wait_idle(grace_s)
+        self._heartbeat.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -5,12 +5,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest_asyncio
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
+from tests.helpers import eventually
 from tests.kernels_for_tests import KERNELS
 from vramfabric.broker import BrokerSettings, connect
 from vramfabric.coordinator import CoordinatorSettings, Fabric
 from vramfabric.kernels import builtin_registry
 from vramfabric.worker import Agent, WorkerSettings
+
+
+async def answers(nc: Client, subject: str) -> bool:
+    """Whether a request on `subject` reaches a responder (the server may briefly say none)."""
+    try:
+        await nc.request(subject, b"", timeout=1)
+    except NoRespondersError:
+        return False
+    return True
+
 
 AgentFactory = Callable[..., Awaitable[Agent]]
 FabricFactory = Callable[..., Awaitable[Fabric]]
@@ -40,6 +53,9 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
         )
         await agent.start()
         agents.append(agent)
+        await eventually(
+            lambda: answers(agent.conn.nc, broker.subjects.lease("default", node, "renew"))
+        )
         return agent
 
     yield make
