@@ -112,6 +112,22 @@ class Subjects:
         """JetStream API subject for stream info (used with a subjects filter and paging)."""
         return f"$JS.API.STREAM.INFO.{token(stream, 'stream')}"
 
+    def dead_stream(self, tenant: str) -> str:
+        """Stream keeping the max-deliveries advisories of a tenant's job consumers."""
+        return f"{self.prefix.upper()}_DEAD_{token(tenant, 'tenant')}"
+
+    @staticmethod
+    def max_deliveries(stream: str, consumer: str) -> str:
+        """Advisory JetStream sends when a message of `consumer` runs out of deliveries."""
+        return (
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
+            f"{token(stream, 'stream')}.{token(consumer, 'consumer')}"
+        )
+
+    def max_deliveries_filter(self, tenant: str) -> str:
+        """Wildcard over the max-deliveries advisories of every consumer of a tenant's work."""
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.work_stream(tenant)}.*"
+
     def nodes_bucket(self) -> str:
         """KV bucket holding the latest advert of every live node."""
         return f"{self.prefix}_nodes"

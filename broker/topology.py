@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 DUPLICATE_WINDOW_S = 120.0
 # How many chunks of one job may be out with workers at once (the fleet's in-flight bound).
 MAX_ACK_PENDING = 100_000
+# Advisories of exhausted chunks are kept a week: long enough for any resume.
+DEAD_LETTER_MAX_AGE_S = 7 * 86_400.0
 # JetStream: "stream name already in use with a different configuration".
 ERR_CODE_EXISTS_DIFFERENT = 10058
 
@@ -87,9 +89,30 @@ def job_consumer_config(settings: BrokerSettings, spec: JobSpec) -> ConsumerConf
     )
 
 
+def dead_stream_config(settings: BrokerSettings, tenant: str) -> StreamConfig:
+    """The tenant's dead-letter stream: max-deliveries advisories, kept while no one listens.
+
+    Advisories are fire-and-forget core messages; captured here, a coordinator that was down
+    when a chunk ran out of deliveries still learns of it when it resumes the job.
+    """
+    s = settings.subjects
+    return StreamConfig(
+        name=s.dead_stream(tenant),
+        subjects=[s.max_deliveries_filter(tenant)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=DEAD_LETTER_MAX_AGE_S,
+        num_replicas=settings.replicas,
+    )
+
+
 async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> None:
-    """Create the tenant's work and results streams if they are missing."""
-    for config in (work_stream_config(settings, tenant), results_stream_config(settings, tenant)):
+    """Create the tenant's work, results and dead-letter streams if they are missing."""
+    for config in (
+        work_stream_config(settings, tenant),
+        results_stream_config(settings, tenant),
+        dead_stream_config(settings, tenant),
+    ):
         await _ensure_stream(js, config)
 
 

@@ -22,6 +22,7 @@ from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator
+from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
 from .jobs import Job, finished_chunks, submit_chunks
 from .leasing import LeasePool
@@ -122,6 +123,8 @@ class Fabric:
         await self._publish_spec(spec)
         results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress)
         await results.start()
+        exhausted = ExhaustedWatcher(self.conn, self.broker, spec)
+        await exhausted.start()
         done = await finished_chunks(self.conn, self.broker, spec)
         todo = [i for i in range(spec.n_chunks) if i not in done]
         pool = LeasePool(self.conn, self.broker, self.settings, self.fleet, spec.job_id)
@@ -158,6 +161,7 @@ class Fabric:
             await pool.release()
             phases["release_s"] = time.perf_counter() - t
             await results.stop()
+            await exhausted.stop()
         if todo:
             await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
         phases["aggregate_s"] = results.aggregate_s

@@ -189,10 +189,13 @@ class Agent:
         self._stopped.set()
         if self._sub is not None:
             await self._sub.unsubscribe()
-        for puller in list(self._pullers.values()):
+        # One snapshot: a puller leaves the map as soon as it stops pulling, chunks still running.
+        pullers = list(self._pullers.values())
+        for puller in pullers:
             puller.stop_pulling()
-        for puller in list(self._pullers.values()):
-            await puller.wait_idle(grace_s)
+        for puller in pullers:
+            if not await puller.wait_idle(grace_s):
+                await puller.abandon()
         self._heartbeat.stop()
         for task in list(self._tasks):
             task.cancel()

@@ -62,7 +62,7 @@ class JobPuller:
     _outstanding: int = attrs.field(default=0, init=False)
     # Open pull requests, oldest first: [messages still to come, monotonic time sent].
     _open: collections.deque[list[float]] = attrs.field(factory=collections.deque, init=False)
-    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _tasks: dict[asyncio.Task[None], Msg] = attrs.field(factory=dict, init=False)
     _backlog: collections.deque[Msg] = attrs.field(factory=collections.deque, init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _inbox: str = attrs.field(default="", init=False)
@@ -111,6 +111,16 @@ class JobPuller:
             while self._backlog:
                 await _quiet(self._backlog.popleft().nak())
             log.info("puller stopped tenant=%s job=%s", self.tenant, self.job)
+
+    async def abandon(self) -> int:
+        """Stop the chunks still running and nak them, so other leases take them at once."""
+        abandoned = list(self._tasks.items())
+        for task, msg in abandoned:
+            task.cancel()
+            await _quiet(msg.nak())
+        if abandoned:
+            log.warning("chunks abandoned on stop job=%s count=%d", self.job, len(abandoned))
+        return len(abandoned)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no chunk is in flight; True if that happened within `timeout_s`."""
@@ -169,11 +179,13 @@ class JobPuller:
         while self._backlog and self._free:
             lease_id = self._free.pop()
             self._busy.add(lease_id)
-            task = asyncio.get_running_loop().create_task(
-                self._handle(self._backlog.popleft(), lease_id)
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            msg = self._backlog.popleft()
+            task = asyncio.get_running_loop().create_task(self._handle(msg, lease_id))
+            self._tasks[task] = msg
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     def _on_status(self, msg: Msg, status: str) -> None:
         # 408: request expired; 409: ended (max waiting, leader change, consumer deleted).

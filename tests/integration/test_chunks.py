@@ -201,3 +201,41 @@ async def test_unknown_kernel_fails_each_chunk_with_a_clear_error(
     assert result.n_failed == 2
     assert {f.error_kind for f in result.failures} == {ErrorKind.KERNEL_NOT_FOUND}
     assert all("stranger" in (f.error or "") and f.attempt == 1 for f in result.failures)
+
+
+async def test_chunk_out_of_deliveries_is_recorded_as_exhausted(
+    broker: BrokerSettings, fabric_factory: FabricFactory, tmp_path: Path
+) -> None:
+    # Given a job with no retries whose only worker freezes (SIGSTOP) inside the chunk
+    fleet = LocalFleet(
+        workers=0,
+        simulate="1x4GiB",
+        slice_size="1GiB",
+        prefix=broker.prefix,
+        url=broker.url,
+        node_ttl_s=broker.node_ttl_s,
+        worker_args=("--kernel-module", "tests.kernels_for_tests"),
+    )
+    proc = fleet.spawn_worker("frozen")
+    fleet.procs.append(proc)
+    try:
+        fleet._wait_ready(proc, 20)
+        fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=30.0)
+        job = Job(
+            SLEEPY,
+            [sleepy_input(4)],
+            args={"sleep_s": 0.5, "log_dir": str(tmp_path)},
+            retry=RetryPolicy(max_retries=0),
+        )
+        run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=30))
+        await eventually(lambda: executions(str(tmp_path)).get(4) == 1, timeout_s=15)
+        os.kill(proc.pid, signal.SIGSTOP)
+        # When its ack wait passes with no delivery left
+        result = await run
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        fleet.stop()
+    # Then the chunk's final result says it was exhausted, and the job ends
+    assert result.n_failed == 1 and result.n_ok == 0
+    assert result.failures[0].error_kind is ErrorKind.EXHAUSTED
+    assert "1 deliveries" in (result.failures[0].error or "")

@@ -8,22 +8,45 @@ from pathlib import Path
 from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-PLACEHOLDERS = {"nodeid": "<node>", "tenantid": "<tenant>", "jobid": "<job>", "kindid": "<kind>",
-                "streamid": "<stream>", "consumerid": "<consumer>", "424242": "<chunk>"}
+PLACEHOLDERS = {
+    "nodeid": "<node>",
+    "tenantid": "<tenant>",
+    "jobid": "<job>",
+    "kindid": "<kind>",
+    "streamid": "<stream>",
+    "consumerid": "<consumer>",
+    "424242": "<chunk>",
+}
 
 
 def code_names() -> set[str]:
     """Every name the code can build, with ids replaced by placeholders."""
     s = Subjects("vf")
     names = {
-        s.node_advert("nodeid"), s.advert_filter(), s.lease_filter("nodeid"),
-        s.work("tenantid", "jobid"), s.work_filter("tenantid"),
-        s.result("tenantid", "jobid", 424242), s.result_filter("tenantid", "jobid"),
-        s.result_filter("tenantid"), s.event("kindid"),
-        s.work_stream("tenantid"), s.results_stream("tenantid"), s.job_consumer("jobid"),
-        s.pull_next("streamid", "consumerid"), s.stream_info_api("streamid"),
-        s.nodes_bucket(), s.jobs_bucket(), s.kernels_store(), s.job_key("tenantid", "jobid"),
-        s.chunk_msg_id("jobid", 424242), s.result_msg_id("jobid", 424242), HEADER_MSG_ID,
+        s.node_advert("nodeid"),
+        s.advert_filter(),
+        s.lease_filter("nodeid"),
+        s.work("tenantid", "jobid"),
+        s.work_filter("tenantid"),
+        s.result("tenantid", "jobid", 424242),
+        s.result_filter("tenantid", "jobid"),
+        s.result_filter("tenantid"),
+        s.event("kindid"),
+        s.work_stream("tenantid"),
+        s.results_stream("tenantid"),
+        s.dead_stream("tenantid"),
+        s.max_deliveries("streamid", "consumerid"),
+        s.max_deliveries_filter("tenantid"),
+        s.job_consumer("jobid"),
+        s.pull_next("streamid", "consumerid"),
+        s.stream_info_api("streamid"),
+        s.nodes_bucket(),
+        s.jobs_bucket(),
+        s.kernels_store(),
+        s.job_key("tenantid", "jobid"),
+        s.chunk_msg_id("jobid", 424242),
+        s.result_msg_id("jobid", 424242),
+        HEADER_MSG_ID,
         *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
     }
     out = set()

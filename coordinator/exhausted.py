@@ -1,0 +1,114 @@
+"""Exhausted chunks: a chunk that ran out of deliveries gets a final `exhausted` result.
+
+JetStream leaves such a chunk in the work-queue stream and sends a max-deliveries advisory
+(captured in the tenant's dead-letter stream). For each advisory of the job's consumer this
+reads the chunk, records a failed result (first result wins, so a late real result that
+already landed is kept), and deletes the chunk from the work stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import attrs
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import ErrorKind, InvalidMessage, ResultAlreadyRecorded, from_nats
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import HEADER_MSG_ID
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class ExhaustedWatcher:
+    """Turns one job's max-deliveries advisories into `exhausted` results."""
+
+    conn: Connection
+    broker: BrokerSettings
+    spec: JobSpec
+    recorded: int = attrs.field(default=0, init=False)
+    _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
+
+    async def start(self) -> None:
+        """Replay the job consumer's advisories from the dead-letter stream, then follow it."""
+        s = self.broker.subjects
+        work = s.work_stream(self.spec.tenant)
+        try:
+            self._sub = await self.conn.js.subscribe(
+                s.max_deliveries(work, s.job_consumer(self.spec.job_id)),
+                stream=s.dead_stream(self.spec.tenant),
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                cb=self._on_advisory,
+            )
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def _on_advisory(self, msg: Msg) -> None:
+        try:
+            seq = int(json.loads(msg.data)["stream_seq"])
+            deliveries = int(json.loads(msg.data).get("deliveries", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("bad max-deliveries advisory ignored error=%s", exc)
+            return
+        stream = self.broker.subjects.work_stream(self.spec.tenant)
+        try:
+            raw = await self.conn.js.get_msg(stream, seq)
+        except nats.js.errors.NotFoundError:
+            return  # already dead-lettered by an earlier run, or acked after all
+        except Exception as exc:
+            log.warning("exhausted chunk unreadable seq=%d error=%s", seq, from_nats(exc))
+            return
+        index = _index(raw.data, raw.headers)
+        if index is not None:
+            await self._record(index, deliveries)
+        try:
+            await self.conn.js.delete_msg(stream, seq)
+        except Exception as exc:
+            log.warning("exhausted chunk not deleted seq=%d error=%s", seq, from_nats(exc))
+
+    async def _record(self, index: int, deliveries: int) -> None:
+        result = ChunkResult(
+            job=self.spec.job_id,
+            index=index,
+            ok=False,
+            error_kind=ErrorKind.EXHAUSTED,
+            error=f"no result after {deliveries} deliveries (max_deliver reached)",
+            attempt=deliveries,
+        )
+        subject = self.broker.subjects.result(self.spec.tenant, self.spec.job_id, index)
+        try:
+            await self.conn.js.publish(subject, encode(result))
+            self.recorded += 1
+            log.warning(
+                "chunk exhausted job=%s index=%d deliveries=%d", self.spec.job_id, index, deliveries
+            )
+        except Exception as exc:
+            err = from_nats(exc)
+            if not isinstance(err, ResultAlreadyRecorded):
+                log.warning("exhausted result not recorded index=%d error=%s", index, err)
+
+    async def stop(self) -> None:
+        """Stop following advisories."""
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:
+                log.debug("advisory unsubscribe failed error=%s", from_nats(exc))
+
+
+def _index(data: bytes, headers: dict[str, str] | None) -> int | None:
+    """The chunk index of a work message: from its payload, else from its Msg-Id."""
+    try:
+        return decode(Chunk, data).index
+    except InvalidMessage:
+        tail = (headers or {}).get(HEADER_MSG_ID, "").rpartition(":")[2]
+        return int(tail) if tail.isdigit() else None
