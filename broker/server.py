@@ -96,6 +96,7 @@ class NatsServer:
         if self.config_file:
             cmd = [find_binary(), "-c", self.config_file, "-sd", store]
         log.info("starting nats-server cmd=%s", " ".join(cmd))
+        Path(store).mkdir(parents=True, exist_ok=True)
         # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.
         self.log_path = str(Path(store) / "nats-server.log")
         with open(self.log_path, "ab") as log_file:

@@ -20,6 +20,7 @@ from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import Disconnected, JobTimeout, ServerError, VramfabricError
 from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 
@@ -103,8 +104,15 @@ def cmd_server(args: argparse.Namespace) -> int:
     """Run an embedded nats-server in the foreground until interrupted."""
     # Block the stop signals first so sigwait receives them instead of their default action.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    server = NatsServer(port=args.port, store_dir=args.store).start()
-    print(f"nats-server ready: export VRAMFABRIC_NATS_URL={server.url}", flush=True)
+    server: NatsServer | LocalCluster
+    if args.cluster > 1:
+        server = LocalCluster(size=args.cluster, base_dir=args.store).start()
+        asyncio.run(server.wait_jetstream())
+        hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
+    else:
+        server = NatsServer(port=args.port, store_dir=args.store).start()
+        hint = f"export VRAMFABRIC_NATS_URL={server.url}"
+    print(f"nats-server ready: {hint}", flush=True)
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
@@ -238,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
     p.add_argument("--store", help="JetStream store directory (default: a temp dir)")
+    p.add_argument(
+        "--cluster",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="run a local cluster of this many routed servers (free ports)",
+    )
     p.set_defaults(handler=cmd_server)
     from vramfabric.worker.__main__ import add_arguments
 
