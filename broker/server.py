@@ -90,9 +90,12 @@ class NatsServer:
             raise ServerError("server already started")
         store = self.store_dir
         if store is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="vramfabric-js-")
+            # A restart after kill() keeps the store and the port, as a real restart would.
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="vramfabric-js-")
             store = self._tmp.name
-        cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(self.port)]
+        port = self._bound_port or self.port
+        cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(port)]
         if self.config_file:
             cmd = [find_binary(), "-c", self.config_file, "-sd", store]
         log.info("starting nats-server cmd=%s", " ".join(cmd))

@@ -32,6 +32,7 @@ class LocalFleet:
     prefix: str = "vf"
     url: str | None = None  # an existing server; None starts an embedded one
     node_ttl_s: float = 5.0
+    replicas: int = 1
     worker_args: tuple[str, ...] = ()
     verbose: bool = False
     server: NatsServer | None = attrs.field(default=None, init=False)
@@ -41,7 +42,9 @@ class LocalFleet:
     def broker(self) -> BrokerSettings:
         """Settings for clients of this fleet."""
         url = self.url or (self.server.url if self.server else "")
-        return BrokerSettings(url=url, prefix=self.prefix, node_ttl_s=self.node_ttl_s)
+        return BrokerSettings(
+            url=url, prefix=self.prefix, node_ttl_s=self.node_ttl_s, replicas=self.replicas
+        )
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
@@ -64,6 +67,7 @@ class LocalFleet:
             VRAMFABRIC_NATS_URL=self.broker.url,
             VRAMFABRIC_PREFIX=self.prefix,
             VRAMFABRIC_NODE_TTL_S=str(self.node_ttl_s),
+            VRAMFABRIC_REPLICAS=str(self.replicas),
         )
         cmd = [
             sys.executable,

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The worker's flags (shared with `vramfabric worker`)."""
     parser.add_argument("--simulate", help="simulated GPUs instead of NVML, e.g. 4x48GiB")
     parser.add_argument(
-        "--slice", dest="slice_size", help="slice granule, e.g. 512MiB (default 1GiB)"
+        "--slice", dest="slice_size", help="slice granule, e.g. 512MiB (default 512MiB)"
     )
     parser.add_argument("--node", help="node name (default: host name + random suffix)")
     parser.add_argument("--heartbeat-s", type=float, help="advert interval in seconds")

@@ -1,0 +1,324 @@
+"""Chaos harness: a fabric of real processes, one fault injected mid-job, and the bookkeeping.
+
+Shared by tests/chaos (one run per scenario) and bench/chaos.py (many runs, JSON lines).
+Every run checks the same promises: the job completes, no chunk is lost, no chunk is
+aggregated twice, and no lease outlives its TTL plus one heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
+from vramfabric.broker import BrokerSettings, NatsServer, RetryPolicy
+from vramfabric.broker.cluster import LocalCluster
+from vramfabric.broker.server import die_with_parent
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Fold, Job
+from vramfabric.coordinator.local import LocalFleet
+
+HEARTBEAT_S = 0.5
+NODE_TTL_S = 2.0
+LEASE_TTL_S = 3.0
+ACK_WAIT_S = 1.0
+RETRY = RetryPolicy(max_retries=8, initial_backoff_s=0.1, max_backoff_s=1.0)
+SCENARIOS = ("worker_kill", "coordinator_kill", "server_kill", "server_restart", "worker_freeze")
+
+
+@attrs.define
+class Outcome:
+    """What one run of a scenario measured."""
+
+    scenario: str
+    completed: bool = False
+    chunks: int = 0
+    lost: int = 0
+    aggregated_twice: int = 0
+    re_executions: int = 0
+    in_flight_at_fault: int = 0
+    longest_stall_s: float = 0.0
+    lease_cleanup_s: float = 0.0
+    lease_bound_s: float = 0.0
+    error: str = ""
+
+
+SLICES = 64
+
+
+def chaos_job(n: int, log_dir: str, job_id: str = "") -> Job:
+    """N sleepy chunks (2 ms each) that log every execution to `log_dir`."""
+    return Job(
+        SLEEPY,
+        [sleepy_input(i) for i in range(n)],
+        args={"sleep_s": 0.002, "log_dir": log_dir},
+        retry=RETRY,
+        job_id=job_id,
+    )
+
+
+def chaos_settings() -> CoordinatorSettings:
+    """Coordinator settings with chaos-sized timeouts."""
+    return CoordinatorSettings(
+        slice_bytes=256 * 2**20, lease_ttl_s=LEASE_TTL_S, ack_wait_s=ACK_WAIT_S, max_slices=SLICES
+    )
+
+
+def count_each() -> Fold:
+    """An aggregator that counts how often each chunk index was folded in."""
+
+    def fold(state: dict[int, int], index: int, _output: bytes) -> dict[int, int]:
+        state[index] = state.get(index, 0) + 1
+        return state
+
+    return Fold(fold, {})
+
+
+@attrs.define
+class Fabricated:
+    """The processes of one run: a server or cluster, worker subprocesses, a log folder."""
+
+    cluster: bool
+    workers: int
+    prefix: str = attrs.field(factory=lambda: f"c{uuid.uuid4().hex[:8]}")
+    server: NatsServer | LocalCluster | None = None
+    fleet: LocalFleet | None = None
+    log_dir: str = attrs.field(factory=lambda: tempfile.mkdtemp(prefix="vf-chaos-"))
+
+    @property
+    def broker(self) -> BrokerSettings:
+        """Client settings for this run."""
+        assert self.server is not None
+        return BrokerSettings(
+            url=self.server.url,
+            prefix=self.prefix,
+            node_ttl_s=NODE_TTL_S,
+            replicas=3 if self.cluster else 1,
+            request_timeout_s=1.0,
+        )
+
+    async def start(self) -> None:
+        """Start the servers and the workers, and wait until they serve."""
+        if self.cluster:
+            self.server = LocalCluster(size=3).start()
+            await self.server.wait_jetstream()
+        else:
+            self.server = NatsServer().start()
+        self.fleet = LocalFleet(
+            workers=self.workers,
+            simulate="1x8GiB",
+            slice_size="256MiB",
+            prefix=self.prefix,
+            url=self.server.url,
+            node_ttl_s=NODE_TTL_S,
+            worker_args=(
+                "--kernel-module",
+                "tests.kernels_for_tests",
+                "--heartbeat-s",
+                str(HEARTBEAT_S),
+            ),
+        )
+        env_replicas = "3" if self.cluster else "1"
+        os.environ["VRAMFABRIC_REPLICAS"] = env_replicas  # inherited by the worker processes
+        await asyncio.to_thread(self.fleet.start)
+
+    def job(self, n: int, job_id: str = "") -> Job:
+        """The run's job (see `chaos_job`)."""
+        return chaos_job(n, self.log_dir, job_id)
+
+    def executed(self) -> int:
+        """Executions so far, over all chunks."""
+        return sum(executions(self.log_dir).values())
+
+    def stop(self) -> None:
+        """Stop everything this run started."""
+        if self.fleet is not None:
+            self.fleet.stop(timeout_s=5)
+        if self.server is not None:
+            self.server.stop()
+        os.environ.pop("VRAMFABRIC_REPLICAS", None)
+        for name in os.listdir(self.log_dir):
+            os.unlink(os.path.join(self.log_dir, name))
+        os.rmdir(self.log_dir)
+
+
+async def wait_executed(fab: Fabricated, at_least: int, timeout_s: float = 60) -> None:
+    """Poll the execution log until `at_least` chunks ran."""
+    deadline = time.monotonic() + timeout_s
+    while fab.executed() < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {fab.executed()} executions after {timeout_s}s")
+        await asyncio.sleep(0.01)  # polling the execution log
+
+
+async def leases_clear(fabric: Fabric, deadline_s: float) -> float:
+    """Seconds until every advert shows no leased VRAM; inf if the deadline passes first."""
+    t0 = time.monotonic()
+    while True:
+        if all(g.leased_bytes == 0 for a in fabric.fleet.adverts.values() for g in a.gpus):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > deadline_s:
+            return float("inf")
+        await fabric.fleet.wait_changed(timeout_s=0.2)
+
+
+Fault = Callable[[Fabricated], Awaitable[int]]
+
+
+async def run_scenario(scenario: str, n: int = 1000, seed: int | None = None) -> Outcome:
+    """Run one scenario once; never raises for a broken promise, reports it instead."""
+    rng = random.Random(seed)
+    fab = Fabricated(cluster=scenario == "server_kill", workers=4)
+    outcome = Outcome(scenario=scenario, chunks=n)
+    await fab.start()
+    try:
+        if scenario == "coordinator_kill":
+            await _coordinator_kill(fab, n, rng, outcome)
+        else:
+            await _in_process(fab, n, rng, outcome, FAULTS[scenario])
+    except Exception as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await asyncio.to_thread(fab.stop)
+    return outcome
+
+
+async def _in_process(
+    fab: Fabricated, n: int, rng: random.Random, outcome: Outcome, fault: Fault
+) -> None:
+    stamps: list[float] = []
+    async with await Fabric.connect(fab.broker, chaos_settings()) as fabric:
+        aggregator = count_each()
+        run = asyncio.create_task(
+            fabric.run(
+                fab.job(n),
+                aggregator,
+                slices=64,
+                timeout_s=120,
+                progress=lambda _r: stamps.append(time.monotonic()),
+            )
+        )
+        await wait_executed(fab, int(n * rng.uniform(0.2, 0.8)))
+        fault_at = time.monotonic()
+        outcome.in_flight_at_fault = await fault(fab)
+        result = await run
+        outcome.lease_bound_s = LEASE_TTL_S + HEARTBEAT_S
+        outcome.lease_cleanup_s = await leases_clear(fabric, 3 * outcome.lease_bound_s)
+        _account(outcome, fab, result.n_ok, aggregator.value(), stamps, fault_at)
+
+
+def _account(
+    outcome: Outcome,
+    fab: Fabricated,
+    n_ok: int,
+    counts: dict[int, int],
+    stamps: list[float],
+    fault_at: float,
+) -> None:
+    outcome.completed = n_ok == outcome.chunks
+    outcome.lost = outcome.chunks - len(counts)
+    outcome.aggregated_twice = sum(1 for c in counts.values() if c > 1)
+    outcome.re_executions = fab.executed() - outcome.chunks
+    after = [t for t in stamps if t >= fault_at]
+    gaps = [b - a for a, b in zip([fault_at, *after], after, strict=False)]
+    outcome.longest_stall_s = round(max(gaps, default=0.0), 3)
+
+
+async def _kill_worker(fab: Fabricated) -> int:
+    assert fab.fleet is not None
+    victim = random.choice(fab.fleet.procs)
+    os.kill(victim.pid, signal.SIGKILL)
+    return 1
+
+
+async def _freeze_worker(fab: Fabricated) -> int:
+    assert fab.fleet is not None
+    victim = random.choice(fab.fleet.procs)
+    os.kill(victim.pid, signal.SIGSTOP)
+    # Frozen well past the ack wait and the node TTL, then thawed: its late results must
+    # be rejected as duplicates, and its leases reaped.
+    await asyncio.sleep(ACK_WAIT_S + NODE_TTL_S + 1.0)  # the fault itself: a frozen process
+    os.kill(victim.pid, signal.SIGCONT)
+    return 1
+
+
+async def _kill_server(fab: Fabricated) -> int:
+    assert isinstance(fab.server, LocalCluster)
+    fab.server.kill(random.randrange(3))
+    return 0
+
+
+async def _restart_server(fab: Fabricated) -> int:
+    assert isinstance(fab.server, NatsServer)
+    fab.server.kill()
+    fab.server.start()
+    return 0
+
+
+FAULTS: dict[str, Fault] = {
+    "worker_kill": _kill_worker,
+    "worker_freeze": _freeze_worker,
+    "server_kill": _kill_server,
+    "server_restart": _restart_server,
+}
+
+
+async def _coordinator_kill(fab: Fabricated, n: int, rng: random.Random, outcome: Outcome) -> None:
+    """kill -9 a coordinator process about half-way, then rerun the same job id in-process."""
+    job_id = f"chaos{uuid.uuid4().hex[:8]}"
+    b = fab.broker
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.chaos.coordinator_proc",
+            b.url,
+            b.prefix,
+            str(b.replicas),
+            str(n),
+            job_id,
+            fab.log_dir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
+    try:
+        await wait_executed(fab, int(n * rng.uniform(0.4, 0.6)))
+        os.kill(proc.pid, signal.SIGKILL)
+        fault_at = time.monotonic()
+    finally:
+        proc.wait()
+    stamps: list[float] = []
+    async with await Fabric.connect(fab.broker, chaos_settings()) as fabric:
+        aggregator = count_each()
+        result = await fabric.run(
+            fab.job(n, job_id),
+            aggregator,
+            slices=SLICES,
+            timeout_s=120,
+            progress=lambda _r: stamps.append(time.monotonic()),
+        )
+        # The dead coordinator's leases expire on their own, TTL after their last renewal:
+        # measure from the kill how long until no advert shows a lease.
+        outcome.lease_bound_s = LEASE_TTL_S + HEARTBEAT_S
+        await leases_clear(fabric, 3 * outcome.lease_bound_s)
+        outcome.lease_cleanup_s = round(time.monotonic() - fault_at, 3)
+        # Chunks in flight at the kill are bounded by the leases the dead coordinator held.
+        outcome.in_flight_at_fault = SLICES
+        _account(outcome, fab, result.n_ok, aggregator.value(), stamps, fault_at)
+
+
+def as_json(outcome: Outcome) -> dict[str, Any]:
+    """The outcome as a JSON-ready dict."""
+    return attrs.asdict(outcome)
