@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -23,6 +24,9 @@ class Connection:
     nc: Client
     js: JetStreamContext
     errors: list[str] = attrs.field(factory=list)
+    # Called after every reconnect: subscriptions that live on server state (pull requests,
+    # ephemeral consumers) must be renewed, since a restarted server has forgotten them.
+    on_reconnect: list[Callable[[], None]] = attrs.field(factory=list)
 
     async def close(self) -> None:
         """Flush and close the connection; safe to call twice."""
@@ -48,8 +52,12 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     async def on_disconnect() -> None:
         log.info("nats disconnected name=%s", name)
 
+    listeners: list[Callable[[], None]] = []
+
     async def on_reconnect() -> None:
         log.info("nats reconnected name=%s url=%s", name, nc.connected_url)
+        for listener in list(listeners):
+            listener()
 
     options: dict[str, Any] = {
         "servers": settings.servers,
@@ -75,4 +83,4 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         await nc.close()
         raise Disconnected(f"cannot reach NATS at {settings.url}: {from_nats(exc)}") from exc
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
-    return Connection(nc=nc, js=js, errors=errors)
+    return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)

@@ -159,7 +159,7 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
         history=1,
         ttl=settings.node_ttl_s,
         limit_marker_ttl=max(1.0, settings.node_ttl_s),
-        storage=StorageType.MEMORY,
+        storage=StorageType.FILE,  # a restarted server must still know the fleet
         replicas=settings.replicas,
     )
     return await _bucket(js, config)

@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vramfabric.broker import topology
+from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import Disconnected, JobTimeout, ServerError, VramfabricError
 from vramfabric.broker.messages import NodeAdvert
-from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 

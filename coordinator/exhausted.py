@@ -14,8 +14,6 @@ import logging
 import attrs
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
@@ -23,6 +21,8 @@ from vramfabric.broker.errors import ErrorKind, InvalidMessage, ResultAlreadyRec
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID
+
+from .follow import Follower
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +35,19 @@ class ExhaustedWatcher:
     broker: BrokerSettings
     spec: JobSpec
     recorded: int = attrs.field(default=0, init=False)
-    _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
+    _follower: Follower | None = attrs.field(default=None, init=False)
 
     async def start(self) -> None:
         """Replay the job consumer's advisories from the dead-letter stream, then follow it."""
         s = self.broker.subjects
         work = s.work_stream(self.spec.tenant)
-        try:
-            self._sub = await self.conn.js.subscribe(
-                s.max_deliveries(work, s.job_consumer(self.spec.job_id)),
-                stream=s.dead_stream(self.spec.tenant),
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-                cb=self._on_advisory,
-            )
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        self._follower = Follower(
+            self.conn,
+            s.max_deliveries(work, s.job_consumer(self.spec.job_id)),
+            s.dead_stream(self.spec.tenant),
+            self._on_advisory,
+        )
+        await self._follower.start()
 
     async def _on_advisory(self, msg: Msg) -> None:
         try:
@@ -98,11 +95,8 @@ class ExhaustedWatcher:
 
     async def stop(self) -> None:
         """Stop following advisories."""
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:
-                log.debug("advisory unsubscribe failed error=%s", from_nats(exc))
+        if self._follower is not None:
+            await self._follower.stop()
 
 
 def _index(data: bytes, headers: dict[str, str] | None) -> int | None:

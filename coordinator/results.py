@@ -13,16 +13,15 @@ from collections.abc import Callable
 
 import attrs
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator
+from .follow import Follower
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class ResultsConsumer:
     last_result_at: float = attrs.field(default=0.0, init=False)
     _seen: bytearray = attrs.field(init=False)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
+    _follower: Follower | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Size the seen-bitmap to the job."""
@@ -62,18 +61,15 @@ class ResultsConsumer:
         return self.n_ok + self.n_failed
 
     async def start(self) -> None:
-        """Subscribe from the first result of the job on."""
+        """Follow the job's results from the first one on."""
         s = self.broker.subjects
-        try:
-            self._sub = await self.conn.js.subscribe(
-                s.result_filter(self.spec.tenant, self.spec.job_id),
-                stream=s.results_stream(self.spec.tenant),
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-                cb=self._on_msg,
-            )
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        self._follower = Follower(
+            self.conn,
+            s.result_filter(self.spec.tenant, self.spec.job_id),
+            s.results_stream(self.spec.tenant),
+            self._on_msg,
+        )
+        await self._follower.start()
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
@@ -119,9 +115,6 @@ class ResultsConsumer:
         return True
 
     async def stop(self) -> None:
-        """Unsubscribe (the ordered consumer is ephemeral and goes with it)."""
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:
-                log.debug("results unsubscribe failed error=%s", from_nats(exc))
+        """Stop following (the ordered consumer is ephemeral and goes with it)."""
+        if self._follower is not None:
+            await self._follower.stop()

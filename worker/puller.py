@@ -95,6 +95,7 @@ class JobPuller:
         """Pull until the job has no leases here and nothing runs, or until stopped."""
         self._inbox = self.conn.nc.new_inbox()
         self._sub = await self.conn.nc.subscribe(self._inbox, cb=self._on_msg)
+        self.conn.on_reconnect.append(self._on_reconnect)
         log.info(
             "puller started tenant=%s job=%s leases=%d", self.tenant, self.job, len(self._free)
         )
@@ -106,6 +107,7 @@ class JobPuller:
                     await asyncio.wait_for(self._wake.wait(), self.settings.pull_expires_s)
                 self._expire_requests()
         finally:
+            self.conn.on_reconnect.remove(self._on_reconnect)
             await self._sub.unsubscribe()
             # No lease is left to run what was held back: give it to other nodes now.
             while self._backlog:
@@ -148,6 +150,12 @@ class JobPuller:
             self._outstanding -= want
             self._open.pop()
             log.warning("pull request failed job=%s error=%s", self.job, from_nats(exc))
+
+    def _on_reconnect(self) -> None:
+        # Pull requests die with the connection that sent them: ask again at once.
+        while self._open:
+            self._end_oldest()
+        self._wake.set()
 
     def _expire_requests(self) -> None:
         # A request whose 408 never came (lost in a reconnect) must not block top-ups forever.

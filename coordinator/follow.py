@@ -1,0 +1,96 @@
+"""Follower: an ordered consumer that survives a server restart.
+
+nats-py's ordered consumer recovers from a lost consumer only through its heartbeat check,
+which dies if the reset itself fails while the server is still down. A Follower instead
+subscribes again after every reconnect, from the stream sequence after the last it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import attrs
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import from_nats
+
+log = logging.getLogger(__name__)
+
+# Heartbeats let nats-py notice a silent consumer within two of them.
+_IDLE_HEARTBEAT_S = 1.0
+
+
+@attrs.define
+class Follower:
+    """Delivers every message on `subject` of `stream` to `handler`, from the first on."""
+
+    conn: Connection
+    subject: str
+    stream: str
+    handler: Callable[[Msg], Awaitable[None]]
+    _next_seq: int = attrs.field(default=1, init=False)
+    _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
+    _resubscribing: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+
+    async def start(self) -> None:
+        """Subscribe, and subscribe again after each reconnect."""
+        await self._subscribe()
+        self.conn.on_reconnect.append(self._on_reconnect)
+
+    async def _subscribe(self) -> None:
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._next_seq
+        )
+        try:
+            self._sub = await self.conn.js.subscribe(
+                self.subject,
+                stream=self.stream,
+                ordered_consumer=True,
+                config=config,
+                idle_heartbeat=_IDLE_HEARTBEAT_S,
+                cb=self._on_msg,
+            )
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._next_seq = msg.metadata.sequence.stream + 1
+        await self.handler(msg)
+
+    def _on_reconnect(self) -> None:
+        if self._resubscribing is None or self._resubscribing.done():
+            self._resubscribing = asyncio.get_running_loop().create_task(self._resubscribe())
+
+    async def _resubscribe(self) -> None:
+        await self._unsubscribe()
+        while True:
+            try:
+                await self._subscribe()
+                log.info(
+                    "follower resubscribed subject=%s from_seq=%d", self.subject, self._next_seq
+                )
+                return
+            except Exception as exc:  # the stream may still be electing a leader: retry
+                log.warning("follower resubscribe failed subject=%s error=%s", self.subject, exc)
+                await asyncio.sleep(0.5)  # retry pause while the server recovers
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe failed subject=%s error=%s", self.subject, from_nats(exc))
+
+    async def stop(self) -> None:
+        """Stop following."""
+        if self._on_reconnect in self.conn.on_reconnect:
+            self.conn.on_reconnect.remove(self._on_reconnect)
+        if self._resubscribing is not None:
+            self._resubscribing.cancel()
+        await self._unsubscribe()
