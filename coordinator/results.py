@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage
+from vramfabric.broker.errors import ErrorKind, InvalidMessage
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -72,16 +72,27 @@ class ResultsConsumer:
         await self._follower.start()
 
     async def _on_msg(self, msg: Msg) -> None:
+        index = _index_of(msg.subject)
         try:
             result = decode(ChunkResult, msg.data)
-            if result.job != self.spec.job_id or result.index >= self.spec.n_chunks:
+            if result.job != self.spec.job_id or result.index != index:
                 raise InvalidMessage(
-                    "ChunkResult", f"chunk {result.job}:{result.index} is not in this job"
+                    "ChunkResult", f"chunk {result.job}:{result.index} on subject {msg.subject}"
                 )
         except InvalidMessage as exc:
             self.invalid += 1
-            log.warning("bad result ignored subject=%s error=%s", msg.subject, exc)
-            return
+            log.warning("bad result subject=%s error=%s", msg.subject, exc)
+            if index is None or index >= self.spec.n_chunks:
+                return
+            # The stream keeps only the first result of a chunk, so a bad one blocks the real
+            # one: record the chunk as failed with the reason, rather than wait forever.
+            result = ChunkResult(
+                job=self.spec.job_id,
+                index=index,
+                ok=False,
+                error_kind=ErrorKind.INVALID_MESSAGE,
+                error=str(exc),
+            )
         self.add(result)
 
     def add(self, result: ChunkResult) -> None:
@@ -118,3 +129,9 @@ class ResultsConsumer:
         """Stop following (the ordered consumer is ephemeral and goes with it)."""
         if self._follower is not None:
             await self._follower.stop()
+
+
+def _index_of(subject: str) -> int | None:
+    """The chunk index, the last token of a result subject."""
+    tail = subject.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else None

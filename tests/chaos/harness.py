@@ -33,7 +33,14 @@ NODE_TTL_S = 2.0
 LEASE_TTL_S = 3.0
 ACK_WAIT_S = 1.0
 RETRY = RetryPolicy(max_retries=8, initial_backoff_s=0.1, max_backoff_s=1.0)
-SCENARIOS = ("worker_kill", "coordinator_kill", "server_kill", "server_restart", "worker_freeze")
+SCENARIOS = (
+    "worker_kill",
+    "coordinator_kill",
+    "server_kill",
+    "server_restart",
+    "worker_freeze",
+    "worker_drain",
+)
 
 
 @attrs.define
@@ -50,6 +57,7 @@ class Outcome:
     longest_stall_s: float = 0.0
     lease_cleanup_s: float = 0.0
     lease_bound_s: float = 0.0
+    worker_exit: int | None = None
     error: str = ""
 
 
@@ -172,7 +180,7 @@ async def leases_clear(fabric: Fabric, deadline_s: float) -> float:
         await fabric.fleet.wait_changed(timeout_s=0.2)
 
 
-Fault = Callable[[Fabricated], Awaitable[int]]
+Fault = Callable[[Fabricated, "Outcome"], Awaitable[int]]
 
 
 async def run_scenario(scenario: str, n: int = 1000, seed: int | None = None) -> Outcome:
@@ -210,7 +218,7 @@ async def _in_process(
         )
         await wait_executed(fab, int(n * rng.uniform(0.2, 0.8)))
         fault_at = time.monotonic()
-        outcome.in_flight_at_fault = await fault(fab)
+        outcome.in_flight_at_fault = await fault(fab, outcome)
         result = await run
         outcome.lease_bound_s = LEASE_TTL_S + HEARTBEAT_S
         outcome.lease_cleanup_s = await leases_clear(fabric, 3 * outcome.lease_bound_s)
@@ -234,14 +242,14 @@ def _account(
     outcome.longest_stall_s = round(max(gaps, default=0.0), 3)
 
 
-async def _kill_worker(fab: Fabricated) -> int:
+async def _kill_worker(fab: Fabricated, _outcome: Outcome) -> int:
     assert fab.fleet is not None
     victim = random.choice(fab.fleet.procs)
     os.kill(victim.pid, signal.SIGKILL)
     return 1
 
 
-async def _freeze_worker(fab: Fabricated) -> int:
+async def _freeze_worker(fab: Fabricated, _outcome: Outcome) -> int:
     assert fab.fleet is not None
     victim = random.choice(fab.fleet.procs)
     os.kill(victim.pid, signal.SIGSTOP)
@@ -252,20 +260,30 @@ async def _freeze_worker(fab: Fabricated) -> int:
     return 1
 
 
-async def _kill_server(fab: Fabricated) -> int:
+async def _kill_server(fab: Fabricated, _outcome: Outcome) -> int:
     assert isinstance(fab.server, LocalCluster)
     fab.server.kill(random.randrange(3))
     return 0
 
 
-async def _restart_server(fab: Fabricated) -> int:
+async def _restart_server(fab: Fabricated, _outcome: Outcome) -> int:
     assert isinstance(fab.server, NatsServer)
     fab.server.kill()
     fab.server.start()
     return 0
 
 
+async def _drain_worker(fab: Fabricated, outcome: Outcome) -> int:
+    assert fab.fleet is not None
+    victim = random.choice(fab.fleet.procs)
+    victim.send_signal(signal.SIGTERM)
+    # A draining worker finishes its chunks, naks the rest, releases and exits 0.
+    outcome.worker_exit = await asyncio.to_thread(victim.wait, 30)
+    return 0
+
+
 FAULTS: dict[str, Fault] = {
+    "worker_drain": _drain_worker,
     "worker_kill": _kill_worker,
     "worker_freeze": _freeze_worker,
     "server_kill": _kill_server,
