@@ -60,7 +60,7 @@ class LocalFleet:
             raise
         return self
 
-    def spawn_worker(self, node: str) -> subprocess.Popen[bytes]:
+    def spawn_worker(self, node: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         """Start one worker subprocess with simulated GPUs (not waited for)."""
         env = dict(
             os.environ,
@@ -80,6 +80,7 @@ class LocalFleet:
             "--node",
             node,
             *self.worker_args,
+            *extra_args,
         ]
         if self.verbose:
             cmd.append("-v")

@@ -1,0 +1,85 @@
+"""The lease service never raises on hostile payloads and changes nothing for them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.aio.msg import Msg
+
+from vramfabric.broker import Subjects, encode
+from vramfabric.broker.messages import LeaseRequest
+from vramfabric.worker.gpus import GpuSpec
+from vramfabric.worker.lease_service import LeaseService
+from vramfabric.worker.ledger import SliceLedger
+from vramfabric.worker.metrics import WorkerMetrics
+
+GIB = 2**30
+SUBJECTS = Subjects("vf")
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+fields = st.sampled_from(
+    ["t", "v", "request_id", "job", "count", "slice_bytes", "ttl_s", "lease_ids"]
+)
+maps = st.dictionaries(fields, st.one_of(scalars, st.lists(scalars, max_size=3)), max_size=8)
+hostile = st.one_of(
+    st.binary(max_size=300),
+    maps.map(lambda m: msgpack.packb(m, use_bin_type=True)),
+    st.builds(lambda m: msgpack.packb({"t": "LeaseRequest", "v": 1, **m}, use_bin_type=True), maps),
+)
+
+
+def service() -> tuple[LeaseService, SliceLedger, WorkerMetrics, list[str]]:
+    """A lease service over a 2-GPU ledger, recording the events it publishes."""
+    ledger = SliceLedger("n1", (GpuSpec(0, "sim", 4 * GIB), GpuSpec(1, "sim", 4 * GIB)), GIB)
+    metrics = WorkerMetrics()
+    events: list[str] = []
+
+    async def publish(subject: str, _data: bytes) -> None:
+        events.append(subject)
+
+    svc = LeaseService(SUBJECTS, "n1", ledger, metrics, lambda _t, _j: None, publish=publish)
+    return svc, ledger, metrics, events
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=hostile, op=st.sampled_from(["acquire", "renew", "release"]))
+def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
+    payload: bytes, op: str
+) -> None:
+    # Given a serving node
+    svc, ledger, metrics, _events = service()
+    msg = Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", op), data=payload)  # type: ignore[arg-type]
+    # When a hostile payload arrives
+    asyncio.run(svc.handle(msg))
+    # Then it was either a valid request, or it was counted as invalid and changed nothing
+    counted = metrics.value("invalid_messages_total", subject=f"lease.{op}")
+    served = metrics.value("lease_requests_total", op=op, outcome="ok") + metrics.value(
+        "lease_requests_total", op=op, outcome="denied"
+    )
+    assert counted + served == 1
+    if counted:
+        assert len(ledger) == 0
+
+
+def test_a_valid_request_still_grants_after_garbage() -> None:
+    # Given a node that has seen garbage
+    svc, ledger, _metrics, events = service()
+    asyncio.run(
+        svc.handle(Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", "acquire"), data=b"\xc1"))
+    )  # type: ignore[arg-type]
+    # When a valid request follows
+    req = LeaseRequest(request_id="r1", job="j", count=3, slice_bytes=GIB, ttl_s=5)
+    msg = Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", "acquire"), data=encode(req))  # type: ignore[arg-type]
+    asyncio.run(svc.handle(msg))
+    # Then it is granted, and a granted event is published
+    assert len(ledger) == 3
+    assert events == [SUBJECTS.event("granted")]
