@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.getcwd())
 
-from tests.chaos.harness import SCENARIOS, Outcome, run_scenario  # noqa: E402
+from tests.chaos.harness import SCENARIOS, Outcome, run_scenario
 
 DEFAULT_RUNS = {"worker_kill": 20}
 
@@ -42,7 +42,8 @@ def summarise(scenario: str, outcomes: list[Outcome]) -> dict[str, object]:
         "lease_cleanup_s_max": max((o.lease_cleanup_s for o in outcomes), default=0.0),
         "lease_bound_s": outcomes[0].lease_bound_s if outcomes else 0.0,
         "errors": [o.error for o in outcomes if o.error],
-        "machine": f"{platform.machine()} {os.cpu_count()} cores Python {platform.python_version()}",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores "
+        f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
     }
 

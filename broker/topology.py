@@ -6,7 +6,11 @@ may call `ensure_*` at start-up. Configs live here and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -24,11 +28,15 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from .errors import from_nats
+from .errors import Disconnected, from_nats
 from .messages import JobSpec
 from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# How long creating a stream, bucket or consumer waits for JetStream to be ready.
+PATIENCE_S = 30.0
 
 # Publishers retry with the same Nats-Msg-Id inside this window and stay idempotent.
 DUPLICATE_WINDOW_S = 120.0
@@ -116,7 +124,24 @@ async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: 
         await _ensure_stream(js, config)
 
 
+async def _patient(make: Callable[[], Awaitable[T]]) -> T:
+    """Retry a topology call while JetStream is not ready (a fresh or recovering cluster)."""
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        try:
+            return await make()
+        except Disconnected as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("jetstream not ready, retrying error=%s", exc)
+            await asyncio.sleep(0.5)  # retry pause while a leader is elected
+
+
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    await _patient(lambda: _ensure_stream_once(js, config))
+
+
+async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
     except nats.js.errors.BadRequestError as exc:
@@ -133,10 +158,14 @@ async def ensure_job_consumer(
 ) -> None:
     """Create the job's shared durable pull consumer (idempotent)."""
     stream = settings.subjects.work_stream(spec.tenant)
-    try:
-        await js.add_consumer(stream, job_consumer_config(settings, spec))
-    except Exception as exc:
-        raise from_nats(exc) from exc
+
+    async def add() -> None:
+        try:
+            await js.add_consumer(stream, job_consumer_config(settings, spec))
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    await _patient(add)
 
 
 async def delete_job_consumer(
@@ -166,6 +195,10 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
 
 
 async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    return await _patient(lambda: _bucket_once(js, config))
+
+
+async def _bucket_once(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     try:
         return await js.create_key_value(config)
     except nats.js.errors.BadRequestError as exc:

@@ -188,8 +188,8 @@ async def run_scenario(scenario: str, n: int = 1000, seed: int | None = None) ->
     rng = random.Random(seed)
     fab = Fabricated(cluster=scenario == "server_kill", workers=4)
     outcome = Outcome(scenario=scenario, chunks=n)
-    await fab.start()
     try:
+        await fab.start()
         if scenario == "coordinator_kill":
             await _coordinator_kill(fab, n, rng, outcome)
         else:
