@@ -1,16 +1,22 @@
-"""FleetView: the latest advert of every live node, kept current by a KV watcher.
+"""FleetView: the latest advert of every live node.
 
-The view is advisory: the node's ledger is the truth, and a stale advert only costs a denial.
+It starts from the adverts bucket and then follows the nodes' heartbeat subject. A core
+subscription survives a lost or restarted server (the client subscribes again), where a KV
+watcher's ephemeral consumer does not. A node silent for the node TTL is dropped, as the
+bucket's TTL would drop it. The view is advisory: a node's ledger is the truth, and a stale
+advert only costs a denial.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 
 import attrs
-from nats.js.kv import KeyValue
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import NoKeysError
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
@@ -20,8 +26,6 @@ from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
-
-_GONE = ("DEL", "PURGE")
 
 
 @attrs.define
@@ -33,67 +37,65 @@ class FleetView:
     adverts: dict[str, NodeAdvert] = attrs.field(factory=dict, init=False)
     changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     invalid: int = attrs.field(default=0, init=False)
-    _task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
-    _kv: KeyValue | None = attrs.field(default=None, init=False)
-    _rewatching: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _heard_at: dict[str, float] = attrs.field(factory=dict, init=False)
+    _sub: Subscription | None = attrs.field(default=None, init=False)
+    _pruner: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
     async def start(self) -> None:
-        """Start watching and wait for the initial replay of current adverts."""
-        self._kv = await topology.nodes_bucket(self.conn.js, self.broker)
-        await self._rewatch()
-        self.conn.on_reconnect.append(self._on_reconnect)
+        """Subscribe to heartbeats, then load the adverts the bucket holds now."""
+        subject = self.broker.subjects.advert_filter()
+        self._sub = await self.conn.nc.subscribe(subject, cb=self._on_advert)
+        await self._load()
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_loop())
 
-    async def _rewatch(self) -> None:
-        # A new watcher replays the live adverts; until its replay ends, the old view stands.
-        watcher = await self._kv.watchall()
-        ready = asyncio.Event()
-        old, self._task = (
-            self._task,
-            asyncio.get_running_loop().create_task(self._watch(watcher, ready)),
-        )
-        if old is not None:
-            old.cancel()
-        await ready.wait()
-
-    def _on_reconnect(self) -> None:
-        # A restarted server has forgotten the watcher's ephemeral consumer: watch again.
-        self._rewatching = asyncio.get_running_loop().create_task(self._rewatch_until_done())
-
-    async def _rewatch_until_done(self) -> None:
-        while True:
-            try:
-                await self._rewatch()
-                return
-            except Exception as exc:
-                log.warning("advert watch not restarted yet error=%s", from_nats(exc))
-                await asyncio.sleep(0.5)  # retry pause while the server recovers
-
-    async def _watch(self, watcher: KeyValue.KeyWatcher, ready: asyncio.Event) -> None:
-        fresh: dict[str, NodeAdvert] = {}
+    async def _load(self) -> None:
+        kv = await topology.nodes_bucket(self.conn.js, self.broker)
         try:
-            async for entry in watcher:
-                if entry is None:  # end of the replay: it holds every live node
-                    self.adverts = fresh
-                    self.changed.set()
-                    ready.set()
-                    continue
-                self._apply(fresh if not ready.is_set() else self.adverts, entry)
-        finally:
-            await watcher.stop()
-
-    def _apply(self, adverts: dict[str, NodeAdvert], entry: KeyValue.Entry) -> None:
-        key, value = entry.key, entry.value
-        # A TTL limit marker arrives as PURGE with an empty value: the node stopped beating.
-        if entry.operation in _GONE or not value:
-            adverts.pop(key, None)
-        else:
+            keys = await kv.keys()
+        except NoKeysError:
+            return
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        for key in keys:
             try:
-                adverts[key] = decode(NodeAdvert, value)
-            except InvalidMessage as exc:
-                self.invalid += 1
-                log.warning("bad advert ignored key=%s error=%s", key, exc)
-                return
+                entry = await kv.get(key)
+            except Exception as exc:  # expired between keys() and get(): nothing to load
+                log.debug("advert gone key=%s error=%s", key, from_nats(exc))
+                continue
+            if entry.value and key not in self.adverts:
+                self._apply(entry.value, key)
+
+    async def _on_advert(self, msg: Msg) -> None:
+        self._apply(msg.data, msg.subject)
+
+    def _apply(self, data: bytes, where: str) -> None:
+        try:
+            advert = decode(NodeAdvert, data)
+        except InvalidMessage as exc:
+            self.invalid += 1
+            log.warning("bad advert ignored from=%s error=%s", where, exc)
+            return
+        if advert.gpus:
+            self.adverts[advert.node] = advert
+            self._heard_at[advert.node] = time.monotonic()
+        else:  # a stopping node says goodbye with an advert of no GPUs
+            self._forget(advert.node)
         self.changed.set()
+
+    def _forget(self, node: str) -> None:
+        self.adverts.pop(node, None)
+        self._heard_at.pop(node, None)
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.broker.node_ttl_s / 4)  # the pruning period itself
+            cutoff = time.monotonic() - self.broker.node_ttl_s
+            silent = [node for node, t in self._heard_at.items() if t < cutoff]
+            for node in silent:
+                log.info("node silent, dropped from the fleet view node=%s", node)
+                self._forget(node)
+            if silent:
+                self.changed.set()
 
     async def wait_changed(self, timeout_s: float) -> bool:
         """Wait until an advert changes; True if one did within `timeout_s`."""
@@ -109,12 +111,11 @@ class FleetView:
         return sum(a.free_slices(slice_bytes) for a in self.adverts.values())
 
     async def stop(self) -> None:
-        """Stop watching."""
-        if self._on_reconnect in self.conn.on_reconnect:
-            self.conn.on_reconnect.remove(self._on_reconnect)
-        if self._rewatching is not None:
-            self._rewatching.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop following adverts."""
+        if self._pruner is not None:
+            self._pruner.cancel()
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:
+                log.debug("advert unsubscribe failed error=%s", from_nats(exc))

@@ -1,8 +1,9 @@
-"""Follower: an ordered consumer that survives a server restart.
+"""Follower: an ordered consumer that survives a server restart or a lost server.
 
 nats-py's ordered consumer recovers from a lost consumer only through its heartbeat check,
 which dies if the reset itself fails while the server is still down. A Follower instead
-subscribes again after every reconnect, from the stream sequence after the last it saw.
+subscribes again, from the stream sequence after the last it saw, after every reconnect and
+whenever a periodic check finds its consumer gone (its server died while ours lived).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # Heartbeats let nats-py notice a silent consumer within two of them.
 _IDLE_HEARTBEAT_S = 1.0
+# How often the consumer's existence is checked.
+_CHECK_EVERY_S = 1.0
 
 
 @attrs.define
@@ -36,11 +39,26 @@ class Follower:
     _next_seq: int = attrs.field(default=1, init=False)
     _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
     _resubscribing: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _watchdog: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _running: bool = attrs.field(default=True, init=False)
 
     async def start(self) -> None:
-        """Subscribe, and subscribe again after each reconnect."""
+        """Subscribe, and subscribe again after each reconnect or loss of the consumer."""
         await self._subscribe()
         self.conn.on_reconnect.append(self._on_reconnect)
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while self._running:
+            await asyncio.sleep(_CHECK_EVERY_S)  # the check period itself
+            sub = self._sub
+            if sub is None or (self._resubscribing and not self._resubscribing.done()):
+                continue
+            try:
+                await asyncio.wait_for(sub.consumer_info(), _CHECK_EVERY_S)
+            except Exception as exc:
+                log.info("follower consumer lost subject=%s error=%s", self.subject, from_nats(exc))
+                self._on_reconnect()
 
     async def _subscribe(self) -> None:
         config = ConsumerConfig(
@@ -68,7 +86,7 @@ class Follower:
 
     async def _resubscribe(self) -> None:
         await self._unsubscribe()
-        while True:
+        while self._running:
             try:
                 await self._subscribe()
                 log.info(
@@ -89,6 +107,9 @@ class Follower:
 
     async def stop(self) -> None:
         """Stop following."""
+        self._running = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._on_reconnect in self.conn.on_reconnect:
             self.conn.on_reconnect.remove(self._on_reconnect)
         if self._resubscribing is not None:

@@ -13,7 +13,7 @@ from nats.js.kv import KeyValue
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import VramfabricError, from_nats
-from vramfabric.broker.messages import Event, Lease
+from vramfabric.broker.messages import Event, Lease, NodeAdvert
 from vramfabric.broker.subjects import Subjects
 
 from .ledger import SliceLedger
@@ -82,6 +82,13 @@ class Heartbeat:
             await self.kv.put(self.ledger.node, data)
         except Exception as exc:
             raise from_nats(exc) from exc
+
+    async def goodbye(self) -> None:
+        """Leave the fleet now: an advert with no GPUs for followers, and no KV entry."""
+        node = self.ledger.node
+        farewell = NodeAdvert(node=node, gpus=(), tenants={}, sent_at=time.time())
+        await self.conn.nc.publish(self.subjects.node_advert(node), encode(farewell))
+        await self.kv.delete(node)
 
     async def _event(self, kind: str, tenant: str, count: int) -> None:
         event = Event(kind=kind, node=self.ledger.node, tenant=tenant, count=count, at=time.time())

@@ -204,7 +204,7 @@ class Agent:
         if self.conn.nc.is_connected:
             # Vanish from the fleet view now; without a server the advert's TTL does it.
             try:
-                await self._heartbeat.kv.delete(self.settings.node)
+                await self._heartbeat.goodbye()
             except Exception as exc:
                 log.warning(
                     "advert delete failed node=%s error=%s", self.settings.node, from_nats(exc)

@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
+    Disconnected,
     InvalidMessage,
     LeaseExpired,
     ResultAlreadyRecorded,
@@ -44,6 +45,11 @@ from .settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 _STATUS = "Status"
+# The server sends a heartbeat this often on an idle pull request; silence means it is lost.
+PULL_HEARTBEAT_S = 0.5
+# A computed result is republished for this long before the chunk is given up to redelivery.
+RESULT_PATIENCE_S = 15.0
+RESULT_RETRY_PAUSE_S = 0.25
 
 
 @attrs.define
@@ -60,6 +66,7 @@ class JobPuller:
     _free: list[str] = attrs.field(factory=list, init=False)
     _busy: set[str] = attrs.field(factory=set, init=False)
     _outstanding: int = attrs.field(default=0, init=False)
+    _last_heard: float = attrs.field(default=0.0, init=False)
     # Open pull requests, oldest first: [messages still to come, monotonic time sent].
     _open: collections.deque[list[float]] = attrs.field(factory=collections.deque, init=False)
     _tasks: dict[asyncio.Task[None], Msg] = attrs.field(factory=dict, init=False)
@@ -104,7 +111,7 @@ class JobPuller:
                 await self._top_up()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.pull_expires_s)
+                    await asyncio.wait_for(self._wake.wait(), PULL_HEARTBEAT_S)
                 self._expire_requests()
         finally:
             self.conn.on_reconnect.remove(self._on_reconnect)
@@ -139,7 +146,11 @@ class JobPuller:
             return
         self._outstanding += want
         self._open.append([want, time.monotonic()])
-        body = {"batch": want, "expires": int(self.settings.pull_expires_s * 1e9)}
+        body = {
+            "batch": want,
+            "expires": int(self.settings.pull_expires_s * 1e9),
+            "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9),
+        }
         subject = self.broker.subjects.pull_next(
             self.broker.subjects.work_stream(self.tenant),
             self.broker.subjects.job_consumer(self.job),
@@ -159,7 +170,14 @@ class JobPuller:
 
     def _expire_requests(self) -> None:
         # A request whose 408 never came (lost in a reconnect) must not block top-ups forever.
-        cutoff = time.monotonic() - self.settings.pull_expires_s - 2
+        now = time.monotonic()
+        if self._open and now - max(self._last_heard, self._open[0][1]) > 4 * PULL_HEARTBEAT_S:
+            # Not even a heartbeat: the consumer's server is gone (a leader died). Ask again.
+            log.info("pull requests silent job=%s pending=%d", self.job, self._outstanding)
+            while self._open:
+                self._end_oldest()
+            return
+        cutoff = now - self.settings.pull_expires_s - 1
         while self._open and self._open[0][1] < cutoff:
             log.info("pull request lost job=%s pending=%d", self.job, self._open[0][0])
             self._end_oldest()
@@ -169,6 +187,7 @@ class JobPuller:
         self._outstanding -= int(left)
 
     async def _on_msg(self, msg: Msg) -> None:
+        self._last_heard = time.monotonic()
         status = msg.headers.get(_STATUS) if msg.headers else None
         if status is not None and not msg.data:
             self._on_status(msg, status)
@@ -275,7 +294,7 @@ class JobPuller:
         if result.error_kind is not None:
             self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
         try:
-            await self._publish(result)
+            await self._publish_patiently(result)
         except ResultAlreadyRecorded:
             self.metrics.duplicate_results_total.inc()
         except VramfabricError as exc:
@@ -283,11 +302,24 @@ class JobPuller:
             log.warning(
                 "result publish failed job=%s index=%d error=%s", self.job, result.index, exc
             )
-            await msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt))
+            await _quiet(msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt)))
             return
         # The result is stored before the work message is acked (at-least-once, nothing lost).
         await (msg.ack() if result.ok else msg.term())
         self.metrics.chunks_done_total.inc()
+
+    async def _publish_patiently(self, result: ChunkResult) -> None:
+        # While the results stream elects a leader, keep the computed result and retry,
+        # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
+        deadline = time.monotonic() + max(self.spec.ack_wait_s, RESULT_PATIENCE_S)
+        while True:
+            try:
+                await self._publish(result)
+                return
+            except Disconnected:
+                if time.monotonic() > deadline or self._stopping:
+                    raise
+                await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
 
     async def _publish(self, result: ChunkResult) -> None:
         subject = self.broker.subjects.result(self.tenant, self.job, result.index)
