@@ -103,7 +103,7 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, registry: Regi
             from prometheus_client import start_http_server
 
             start_http_server(
-                settings.metrics_port, addr="127.0.0.1", registry=agent.metrics.registry
+                settings.metrics_port, addr=settings.metrics_addr, registry=agent.metrics.registry
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

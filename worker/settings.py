@@ -35,6 +35,8 @@ class WorkerSettings:
     pull_expires_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(1.0))
     max_inflight: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     metrics_port: int | None = None
+    # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
+    metrics_addr: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -46,6 +48,8 @@ class WorkerSettings:
             kwargs["simulate"] = environ["VRAMFABRIC_SIMULATE"]
         if environ.get("VRAMFABRIC_SLICE"):
             kwargs["slice_bytes"] = env_size(environ, "VRAMFABRIC_SLICE", 0)
+        if environ.get("VRAMFABRIC_METRICS_ADDR"):
+            kwargs["metrics_addr"] = environ["VRAMFABRIC_METRICS_ADDR"]
         if environ.get("VRAMFABRIC_METRICS_PORT"):
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
