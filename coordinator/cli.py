@@ -137,18 +137,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print(f"vramfabric run: {exc}")
         return RET_USAGE
     with progress_bar(not args.json, len(spec.job.inputs)) as progress:
-        result = asyncio.run(_run(spec.job, spec.aggregator, spec.slices, progress, args.timeout_s))
+        result = asyncio.run(
+            _run(
+                spec.job, spec.aggregator, spec.slices, progress, args.timeout_s, args.metrics_port
+            )
+        )
     report = _report(result)
     print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
     return RET_OK if result.ok else RET_JOB_FAILED
 
 
 async def _run(
-    job: Any, aggregator: Any, slices: int | None, progress: Any, timeout_s: float | None
+    job: Any,
+    aggregator: Any,
+    slices: int | None,
+    progress: Any,
+    timeout_s: float | None,
+    metrics_port: int | None = None,
 ) -> JobResult:
     async with await Fabric.connect(
         BrokerSettings.from_env(), CoordinatorSettings.from_env()
     ) as fabric:
+        if metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port, addr="127.0.0.1", registry=fabric.metrics.registry)
         return await fabric.run(
             job, aggregator, slices=slices, progress=progress, timeout_s=timeout_s
         )
@@ -263,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("jobfile")
     p.add_argument("--json", action="store_true")
     p.add_argument("--timeout-s", type=float, default=None)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.set_defaults(handler=cmd_run)
     p = sub.add_parser("status", help="show live nodes and their VRAM")
     p.add_argument("--json", action="store_true")

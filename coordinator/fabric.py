@@ -17,7 +17,13 @@ import attrs
 from vramfabric.broker import topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import CapacityExceeded, JobFailed, JobTimeout, from_nats
+from vramfabric.broker.errors import (
+    CapacityExceeded,
+    JobFailed,
+    JobTimeout,
+    VramfabricError,
+    from_nats,
+)
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -26,6 +32,7 @@ from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
 from .jobs import Job, finished_chunks, submit_chunks
 from .leasing import LeasePool
+from .metrics import CoordinatorMetrics
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
 
@@ -68,6 +75,7 @@ class Fabric:
     conn: Connection
     fleet: FleetView = attrs.field(init=False)
     _owns_conn: bool = False
+    metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
 
     @classmethod
     async def connect(
@@ -84,7 +92,7 @@ class Fabric:
         """Create the tenant's streams and buckets and start watching adverts."""
         await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
         await topology.kernels_store(self.conn.js, self.broker)
-        self.fleet = FleetView(self.conn, self.broker)
+        self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
 
     async def close(self) -> None:
@@ -121,13 +129,15 @@ class Fabric:
         t0 = time.perf_counter()
         spec = job.spec(self.settings)
         await self._publish_spec(spec)
-        results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress)
+        results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress, self.metrics)
         await results.start()
         exhausted = ExhaustedWatcher(self.conn, self.broker, spec)
         await exhausted.start()
         done = await finished_chunks(self.conn, self.broker, spec)
         todo = [i for i in range(spec.n_chunks) if i not in done]
-        pool = LeasePool(self.conn, self.broker, self.settings, self.fleet, spec.job_id)
+        pool = LeasePool(
+            self.conn, self.broker, self.settings, self.fleet, spec.job_id, self.metrics
+        )
         phases: dict[str, float] = {}
         grower: asyncio.Task[None] | None = None
         try:
@@ -163,9 +173,10 @@ class Fabric:
             await results.stop()
             await exhausted.stop()
         if todo:
-            await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
+            await self._delete_consumer(spec)
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
+        self.metrics.job_seconds.observe(phases["total_s"])
         return JobResult(
             job_id=spec.job_id,
             n_chunks=spec.n_chunks,
@@ -178,6 +189,13 @@ class Fabric:
             lease_history=tuple(pool.history),
             phases_s=phases,
         )
+
+    async def _delete_consumer(self, spec: JobSpec) -> None:
+        # Best effort: the job is done either way, and a rerun finds every result.
+        try:
+            await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
+        except VramfabricError as exc:
+            log.warning("job consumer not deleted job=%s error=%s", spec.job_id, exc)
 
     async def _publish_spec(self, spec: JobSpec) -> None:
         kv = await topology.jobs_bucket(self.conn.js, self.broker)

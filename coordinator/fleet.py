@@ -25,6 +25,8 @@ from vramfabric.broker.errors import InvalidMessage, from_nats
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
+from .metrics import CoordinatorMetrics
+
 log = logging.getLogger(__name__)
 
 
@@ -34,6 +36,7 @@ class FleetView:
 
     conn: Connection
     broker: BrokerSettings
+    metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
     adverts: dict[str, NodeAdvert] = attrs.field(factory=dict, init=False)
     changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     invalid: int = attrs.field(default=0, init=False)
@@ -73,6 +76,7 @@ class FleetView:
             advert = decode(NodeAdvert, data)
         except InvalidMessage as exc:
             self.invalid += 1
+            self.metrics.invalid_messages_total.labels(subject="advert").inc()
             log.warning("bad advert ignored from=%s error=%s", where, exc)
             return
         if advert.gpus:

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,8 +29,13 @@ from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 
-# Submission is acked within this long of the last publish, or the stream is unreachable.
-_PUBLISH_DEADLINE_S = 30.0
+# Chunks not acked by this long after submission starts make the job fail to submit.
+_PUBLISH_DEADLINE_S = 60.0
+# One publish's ack is awaited this long before the chunk is published again.
+_ACK_WAIT_S = 5.0
+_REPUBLISH_PAUSE_S = 0.5
+# Async publishes in flight at once (the JetStream context allows 1024 pending acks).
+_WINDOW = 1000
 
 
 @attrs.frozen
@@ -90,22 +96,59 @@ async def submit_chunks(
     """Publish the given chunks with idempotent ids; return how many were already queued.
 
     Publishes are asynchronous in a window bounded by the JetStream context's
-    `publish_async_max_pending`; the whole batch is awaited under a deadline, since a
-    rejected async publish would otherwise never resolve (nats.py #985).
+    `publish_async_max_pending`. Chunks whose ack does not come (a stream leader lost, say)
+    are published again with the same `Nats-Msg-Id`, which the stream deduplicates, until
+    the submission deadline.
+
+    Raises:
+        Disconnected: some chunks were still not acked at the deadline.
     """
+    deadline = time.monotonic() + _PUBLISH_DEADLINE_S
+    pending, duplicates = list(indices), 0
+    while pending:
+        outcomes = await _publish_round(conn, broker, spec, inputs, pending)
+        duplicates += sum(1 for o in outcomes if not isinstance(o, BaseException) and o.duplicate)
+        failed = [i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)]
+        if failed and time.monotonic() > deadline:
+            raise Disconnected(
+                f"job {spec.job_id}: {len(failed)} chunk(s) not acked: {from_nats(outcomes[-1])}"
+            )
+        if failed:
+            log.warning(
+                "chunk publishes not acked, retrying job=%s count=%d", spec.job_id, len(failed)
+            )
+            await asyncio.sleep(_REPUBLISH_PAUSE_S)  # pause while the stream elects a leader
+        pending = failed
+    return duplicates
+
+
+async def _publish_round(
+    conn: Connection,
+    broker: BrokerSettings,
+    spec: JobSpec,
+    inputs: Sequence[bytes],
+    indices: Sequence[int],
+) -> list[Any]:
     subject = broker.subjects.work(spec.tenant, spec.job_id)
-    futures = []
-    try:
-        for i in indices:
+    outcomes: list[Any] = []
+    # Windows below the context's max pending acks, so publish_async never blocks on a stall.
+    for start in range(0, len(indices), _WINDOW):
+        futures = []
+        for i in indices[start : start + _WINDOW]:
             data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
             headers = {HEADER_MSG_ID: broker.subjects.chunk_msg_id(spec.job_id, i)}
-            futures.append(await conn.js.publish_async(subject, data, headers=headers))
-        acks = await asyncio.wait_for(asyncio.gather(*futures), _PUBLISH_DEADLINE_S)
-    except TimeoutError:
-        raise Disconnected(f"chunk submission of job {spec.job_id} was not acked in time") from None
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    return sum(1 for ack in acks if ack.duplicate)
+            try:
+                futures.append(await conn.js.publish_async(subject, data, headers=headers))
+            except Exception as exc:  # e.g. disconnected while publishing: retry this one
+                futures.append(_failed(exc))
+        # A rejected async publish may never resolve (nats.py #985): bound the wait.
+        waited = [asyncio.wait_for(f, _ACK_WAIT_S) for f in futures]
+        outcomes += await asyncio.gather(*waited, return_exceptions=True)
+    return outcomes
+
+
+async def _failed(exc: BaseException) -> Any:
+    raise exc
 
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:

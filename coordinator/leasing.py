@@ -26,6 +26,7 @@ from vramfabric.broker.messages import (
 from vramfabric.broker.settings import BrokerSettings
 
 from .fleet import FleetView
+from .metrics import CoordinatorMetrics
 from .placement import plan
 from .settings import CoordinatorSettings
 
@@ -43,6 +44,7 @@ class LeasePool:
     settings: CoordinatorSettings
     fleet: FleetView
     job: str
+    metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
     leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
     denials: int = attrs.field(default=0, init=False)
     peak: int = attrs.field(default=0, init=False)
@@ -120,6 +122,7 @@ class LeasePool:
         return list(grant.leases)
 
     def _note(self) -> None:
+        self.metrics.leases_active.set(len(self.leases))
         self.peak = max(self.peak, len(self.leases))
         self.history.append((time.time(), len(self.leases)))
 

@@ -22,6 +22,7 @@ from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator
 from .follow import Follower
+from .metrics import CoordinatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class ResultsConsumer:
     spec: JobSpec
     aggregator: Aggregator
     on_progress: Progress | None = None
+    metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
     n_ok: int = attrs.field(default=0, init=False)
     n_failed: int = attrs.field(default=0, init=False)
     duplicates: int = attrs.field(default=0, init=False)
@@ -81,6 +83,7 @@ class ResultsConsumer:
                 )
         except InvalidMessage as exc:
             self.invalid += 1
+            self.metrics.invalid_messages_total.labels(subject="result").inc()
             log.warning("bad result subject=%s error=%s", msg.subject, exc)
             if index is None or index >= self.spec.n_chunks:
                 return
@@ -100,6 +103,7 @@ class ResultsConsumer:
         if self._seen[result.index]:
             # The stream keeps one result per chunk; a replay after a consumer reset can repeat it.
             self.duplicates += 1
+            self.metrics.duplicate_results_total.inc()
             return
         self._seen[result.index] = 1
         if result.ok and result.output is not None:
@@ -109,8 +113,13 @@ class ResultsConsumer:
             self.n_ok += 1
         else:
             self.n_failed += 1
+            kind = result.error_kind.value if result.error_kind else "error"
+            self.metrics.chunks_failed_total.labels(kind=kind).inc()
             if len(self.failures) < MAX_KEPT_FAILURES:
                 self.failures.append(result)
+        self.metrics.chunks_done_total.inc()
+        if result.attempt > 1:
+            self.metrics.chunks_retry_total.inc(result.attempt - 1)
         self.last_result_at = time.time()
         if self.on_progress is not None:
             self.on_progress(self)

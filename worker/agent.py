@@ -193,8 +193,10 @@ class Agent:
         pullers = list(self._pullers.values())
         for puller in pullers:
             puller.stop_pulling()
-        for puller in pullers:
-            if not await puller.wait_idle(grace_s):
+        # One grace period for all jobs together, not one per job.
+        idle = await asyncio.gather(*(p.wait_idle(grace_s) for p in pullers))
+        for puller, done in zip(pullers, idle, strict=True):
+            if not done:
                 await puller.abandon()
         self._heartbeat.stop()
         for task in list(self._tasks):
