@@ -206,7 +206,7 @@ class Agent:
         if self.conn.nc.is_connected:
             # Vanish from the fleet view now; without a server the advert's TTL does it.
             try:
-                await self._heartbeat.goodbye()
+                await asyncio.wait_for(self._heartbeat.goodbye(), self.broker.request_timeout_s)
             except Exception as exc:
                 log.warning(
                     "advert delete failed node=%s error=%s", self.settings.node, from_nats(exc)

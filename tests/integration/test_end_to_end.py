@@ -95,7 +95,7 @@ def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         # Then the kernel takes its children down with it
-        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=10), [
+        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=30), [
             k for k in kids if alive(k)
         ]
     finally:
