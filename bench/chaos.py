@@ -39,6 +39,7 @@ def summarise(scenario: str, outcomes: list[Outcome]) -> dict[str, object]:
         "re_executions_max": max((o.re_executions for o in outcomes), default=0),
         "in_flight_bound": max((o.in_flight_at_fault for o in outcomes), default=0),
         "longest_stall_s": max((o.longest_stall_s for o in outcomes), default=0.0),
+        "stalls_s": [o.longest_stall_s for o in outcomes],
         "lease_cleanup_s_max": max((o.lease_cleanup_s for o in outcomes), default=0.0),
         "lease_bound_s": outcomes[0].lease_bound_s if outcomes else 0.0,
         "errors": [o.error for o in outcomes if o.error],

@@ -14,7 +14,7 @@ import attrs
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
-from vramfabric.broker.connection import connect
+from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import Disconnected
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
@@ -24,6 +24,8 @@ from .agent import Agent
 from .settings import WorkerSettings
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
+# How long a starting worker keeps trying to reach NATS before it gives up.
+CONNECT_PATIENCE_S = 30.0
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 log = logging.getLogger(__name__)
 
@@ -93,9 +95,22 @@ async def check(broker: BrokerSettings, node: str) -> int:
         await conn.close()
 
 
+async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
+    """Connect, retrying for a while: a node may start before its servers do."""
+    deadline = time.monotonic() + CONNECT_PATIENCE_S
+    while True:
+        try:
+            return await connect(broker, name=name)
+        except Disconnected as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("nats not reachable yet, retrying error=%s", exc)
+            await asyncio.sleep(1.0)  # retry pause before the next connect
+
+
 async def serve(broker: BrokerSettings, settings: WorkerSettings, registry: Registry) -> int:
     """Run the agent until a stop signal; drain on SIGTERM."""
-    conn = await connect(broker, name=f"worker-{settings.node}")
+    conn = await connect_patiently(broker, f"worker-{settings.node}")
     agent = Agent(broker, settings, conn, registry=registry)
     try:
         await agent.start()
