@@ -8,12 +8,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vramfabric.broker import topology
 from vramfabric.broker.cluster import LocalCluster
@@ -25,36 +20,12 @@ from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 
 from .fabric import Fabric, JobResult
-from .results import ResultsConsumer
+from .report import advert_dict, err, print_demo, progress_bar, report
 from .settings import CoordinatorSettings
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 GIB = 2**30
-
-err = Console(stderr=True)
-
-
-@contextmanager
-def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsumer], None] | None]:
-    """A live chunks-done bar on stderr, or None when disabled."""
-    if not enabled:
-        yield None
-        return
-    columns = (
-        TextColumn("chunks"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("failed {task.fields[failed]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("chunks", total=total, failed=0)
-
-        def update(results: ResultsConsumer) -> None:
-            bar.update(task, completed=results.n_done, failed=results.n_failed)
-
-        yield update
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -68,36 +39,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        _print_demo(summary)
+        print_demo(summary)
     ok = (
         summary["failed"] == 0
         and summary["matches_reference"]
         and summary["leased_bytes_after"] == 0
     )
     return RET_OK if ok else RET_JOB_FAILED
-
-
-def _print_demo(s: dict[str, Any]) -> None:
-    cfg = s["best_config"] or {}
-    print(
-        f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
-        f"batch_size={cfg.get('batch_size')} dropout={cfg.get('dropout', 0):.2f}"
-    )
-    print(
-        f"best validation loss: {s['best_loss']:.6f} "
-        f"({'matches' if s['matches_reference'] else 'DOES NOT MATCH'} the direct reference argmin)"
-    )
-    print(f"chunks: {s['ok']} ok, {s['failed']} failed of {s['configs']}")
-    print(
-        f"leases acquired: {s['leases_peak']} "
-        f"(VRAM still leased after release: {s['leased_bytes_after']} bytes)"
-    )
-    print(
-        f"wall time: {s['job_s']:.3f} s for the job ({s['chunks_per_s']:.0f} chunks/s), "
-        f"{s['startup_s']:.2f} s to start the server and workers"
-    )
-    phases = ", ".join(f"{k[:-2]} {v:.3f}s" for k, v in s["phases_s"].items() if k != "total_s")
-    print(f"phases: {phases}")
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -142,8 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec.job, spec.aggregator, spec.slices, progress, args.timeout_s, args.metrics_port
             )
         )
-    report = _report(result)
-    print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+    summary = report(result)
+    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return RET_OK if result.ok else RET_JOB_FAILED
 
 
@@ -167,27 +115,11 @@ async def _run(
         )
 
 
-def _report(result: JobResult) -> dict[str, Any]:
-    return {
-        "job_id": result.job_id,
-        "value": result.value,
-        "ok": result.n_ok,
-        "failed": result.n_failed,
-        "resumed": result.resumed,
-        "leases_peak": result.leases_peak,
-        "phases_s": {k: round(v, 4) for k, v in result.phases_s.items()},
-        "failures": [
-            f"{f.index}: {f.error_kind.value if f.error_kind else 'error'}: {f.error}"
-            for f in result.failures[:10]
-        ],
-    }
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     """Print every live node's GPUs, free and leased VRAM, and tenants' usage."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
     if args.json:
-        print(json.dumps([_advert_dict(a) for a in adverts]))
+        print(json.dumps([advert_dict(a) for a in adverts]))
         return RET_OK
     if not adverts:
         print("no live nodes")
@@ -222,24 +154,6 @@ async def _keys(kv: Any) -> list[str]:
         return sorted(await kv.keys())
     except NoKeysError:
         return []
-
-
-def _advert_dict(a: NodeAdvert) -> dict[str, Any]:
-    return {
-        "node": a.node,
-        "sent_at": a.sent_at,
-        "tenants": dict(a.tenants),
-        "gpus": [
-            {
-                "index": g.index,
-                "model": g.model,
-                "total_bytes": g.total_bytes,
-                "free_bytes": g.free_bytes,
-                "leased_bytes": g.leased_bytes,
-            }
-            for g in a.gpus
-        ],
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:

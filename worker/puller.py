@@ -4,8 +4,9 @@ It keeps raw pull requests outstanding on the job's shared durable consumer (NAT
 section 11: `fetch(n)` can hold an arrived message for its whole timeout) and handles each
 chunk the moment it arrives. The server serves one client's requests in order, so each chunk
 counts against the oldest open request; a 408/409 status ends the oldest one (its
-`Nats-Pending-Messages` is what will not come). A request still open well past its expiry
-was lost in a reconnect and is dropped.
+`Nats-Pending-Messages` is what will not come). Requests ask for idle heartbeats, so a
+request that goes silent (its consumer's leader died) or outlives its expiry is known lost
+and asked again; a reconnect drops them all at once. ChunkHandler does the work of a chunk.
 """
 
 from __future__ import annotations
@@ -16,28 +17,20 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
 
 import attrs
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
-    Disconnected,
-    InvalidMessage,
-    LeaseExpired,
-    ResultAlreadyRecorded,
-    TransientError,
-    VramfabricError,
     from_nats,
 )
-from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import HEADER_MSG_ID
 
 from .execute import ChunkRunner
+from .handler import ChunkHandler, quiet
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .settings import WorkerSettings
@@ -47,9 +40,6 @@ log = logging.getLogger(__name__)
 _STATUS = "Status"
 # The server sends a heartbeat this often on an idle pull request; silence means it is lost.
 PULL_HEARTBEAT_S = 0.5
-# A computed result is republished for this long before the chunk is given up to redelivery.
-RESULT_PATIENCE_S = 15.0
-RESULT_RETRY_PAUSE_S = 0.25
 
 
 @attrs.define
@@ -63,6 +53,7 @@ class JobPuller:
     ledger: SliceLedger
     runner: ChunkRunner
     metrics: WorkerMetrics
+    handler: ChunkHandler = attrs.field(init=False)
     _free: list[str] = attrs.field(factory=list, init=False)
     _busy: set[str] = attrs.field(factory=set, init=False)
     _outstanding: int = attrs.field(default=0, init=False)
@@ -75,6 +66,18 @@ class JobPuller:
     _inbox: str = attrs.field(default="", init=False)
     _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Build the chunk handler for this job."""
+        self.handler = ChunkHandler(
+            self.conn,
+            self.broker,
+            self.spec,
+            self.ledger,
+            self.runner,
+            self.metrics,
+            stopping=lambda: self._stopping,
+        )
 
     @property
     def tenant(self) -> str:
@@ -118,7 +121,7 @@ class JobPuller:
             await self._sub.unsubscribe()
             # No lease is left to run what was held back: give it to other nodes now.
             while self._backlog:
-                await _quiet(self._backlog.popleft().nak())
+                await quiet(self._backlog.popleft().nak())
             log.info("puller stopped tenant=%s job=%s", self.tenant, self.job)
 
     async def abandon(self) -> int:
@@ -126,7 +129,7 @@ class JobPuller:
         abandoned = list(self._tasks.items())
         for task, msg in abandoned:
             task.cancel()
-            await _quiet(msg.nak())
+            await quiet(msg.nak())
         if abandoned:
             log.warning("chunks abandoned on stop job=%s count=%d", self.job, len(abandoned))
         return len(abandoned)
@@ -225,140 +228,11 @@ class JobPuller:
         self._wake.set()
 
     async def _handle(self, msg: Msg, lease_id: str) -> None:
-        started_at = time.time()
-        attempt = msg.metadata.num_delivered
-        keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
         try:
-            await self._process(msg, lease_id, attempt, started_at)
-        except Exception as exc:  # the one broad catch: a chunk must never kill the puller
-            log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
+            await self.handler.handle(msg, lease_id)
         finally:
-            keepalive.cancel()
             self._busy.discard(lease_id)
             if self.ledger.is_live(lease_id, time.time()):
                 self._free.append(lease_id)
             self._dispatch()
             self._wake.set()
-
-    async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
-        try:
-            chunk = decode(Chunk, msg.data)
-            if chunk.job != self.job:
-                raise InvalidMessage("Chunk", f"job {chunk.job!r} on the consumer of {self.job!r}")
-        except InvalidMessage as exc:
-            await self._reject(msg, exc, attempt, lease_id, started_at)
-            return
-        index = chunk.index
-        try:
-            lease = self.ledger.get(lease_id)
-            if lease is None:
-                raise LeaseExpired(lease_id)
-            self.metrics.submit_total.inc()
-            output = await self.runner.run(self.spec, chunk, lease)
-            self.metrics.chunk_seconds.observe(time.time() - started_at)
-            if not self.ledger.is_live(lease_id, time.time()):
-                raise LeaseExpired(lease_id)
-            result = self.runner.ok(self.job, index, output, attempt, lease_id, started_at)
-        except TransientError as exc:
-            if attempt < self.spec.retry.max_deliver:
-                log.warning(
-                    "chunk retried job=%s index=%s attempt=%d error=%s",
-                    self.job,
-                    index,
-                    attempt,
-                    exc,
-                )
-                self.metrics.chunks_retry_total.inc()
-                await msg.nak(delay=self.spec.retry.nak_delay_s(attempt))
-                return
-            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
-        except Exception as exc:
-            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
-        await self._finish(msg, result)
-
-    async def _reject(
-        self, msg: Msg, exc: InvalidMessage, attempt: int, lease_id: str, started_at: float
-    ) -> None:
-        self.metrics.invalid_messages_total.labels(subject="work").inc()
-        index = _index_from(msg)
-        if index is None:
-            # No chunk index to record a result under: drop it, counted and logged.
-            log.warning("undecodable chunk dropped job=%s error=%s", self.job, exc)
-            await msg.term()
-            return
-        await self._finish(
-            msg, self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
-        )
-
-    async def _finish(self, msg: Msg, result: ChunkResult) -> None:
-        if result.error_kind is not None:
-            self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
-        try:
-            await self._publish_patiently(result)
-        except ResultAlreadyRecorded:
-            self.metrics.duplicate_results_total.inc()
-        except VramfabricError as exc:
-            # The result did not reach the stream: leave the chunk for redelivery.
-            log.warning(
-                "result publish failed job=%s index=%d error=%s", self.job, result.index, exc
-            )
-            await _quiet(msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt)))
-            return
-        # The result is stored before the work message is acked (at-least-once, nothing lost).
-        await (msg.ack() if result.ok else msg.term())
-        self.metrics.chunks_done_total.inc()
-
-    async def _publish_patiently(self, result: ChunkResult) -> None:
-        # While the results stream elects a leader, keep the computed result and retry,
-        # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
-        deadline = time.monotonic() + max(self.spec.ack_wait_s, RESULT_PATIENCE_S)
-        while True:
-            try:
-                await self._publish(result)
-                return
-            except Disconnected:
-                if time.monotonic() > deadline or self._stopping:
-                    raise
-                await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
-
-    async def _publish(self, result: ChunkResult) -> None:
-        subject = self.broker.subjects.result(self.tenant, self.job, result.index)
-        headers = {HEADER_MSG_ID: self.broker.subjects.result_msg_id(self.job, result.index)}
-        try:
-            ack = await self.conn.js.publish(subject, encode(result), headers=headers)
-        except Exception as exc:
-            raise from_nats(exc) from exc
-        if ack.duplicate:
-            raise ResultAlreadyRecorded(subject)
-
-
-class _KeepAlive:
-    """Sends `in_progress()` every `interval_s` while a chunk runs; short chunks never send it."""
-
-    def __init__(self, msg: Msg, interval_s: float) -> None:
-        self._msg = msg
-        self._interval_s = interval_s
-        self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_later(interval_s, self._tick)
-
-    def _tick(self) -> None:
-        self._loop.create_task(_quiet(self._msg.in_progress()))
-        self._timer = self._loop.call_later(self._interval_s, self._tick)
-
-    def cancel(self) -> None:
-        """Stop sending."""
-        self._timer.cancel()
-
-
-async def _quiet(coro: Any) -> None:
-    try:
-        await coro
-    except Exception as exc:
-        log.debug("in_progress failed error=%s", from_nats(exc))
-
-
-def _index_from(msg: Msg) -> int | None:
-    """The chunk index from the `Nats-Msg-Id` header (`<job>:<index>`), if it parses."""
-    msg_id = (msg.headers or {}).get(HEADER_MSG_ID, "")
-    _job, _sep, tail = msg_id.rpartition(":")
-    return int(tail) if tail.isdigit() else None

@@ -1,0 +1,196 @@
+"""ChunkHandler: one chunk on one lease, from its message to its stored result and ack.
+
+Order matters for at-least-once delivery with nothing lost: the result is stored (its
+PubAck is back) before the work message is acked; a transient failure naks with the retry
+policy's delay; a permanent one stores a failed result and terminates the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from nats.aio.msg import Msg
+
+from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import (
+    Disconnected,
+    InvalidMessage,
+    LeaseExpired,
+    ResultAlreadyRecorded,
+    TransientError,
+    VramfabricError,
+    from_nats,
+)
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import HEADER_MSG_ID
+
+from .execute import ChunkRunner
+from .ledger import SliceLedger
+from .metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+# A computed result is republished for this long before the chunk is given up to redelivery.
+RESULT_PATIENCE_S = 15.0
+RESULT_RETRY_PAUSE_S = 0.25
+
+
+@attrs.define
+class ChunkHandler:
+    """Runs the chunks of one job and records their outcomes."""
+
+    conn: Connection
+    broker: BrokerSettings
+    spec: JobSpec
+    ledger: SliceLedger
+    runner: ChunkRunner
+    metrics: WorkerMetrics
+    stopping: Callable[[], bool]
+
+    @property
+    def job(self) -> str:
+        """The job id."""
+        return self.spec.job_id
+
+    async def handle(self, msg: Msg, lease_id: str) -> None:
+        """Run one chunk on `lease_id`; never raises (a chunk must not kill its puller)."""
+        started_at = time.time()
+        attempt = msg.metadata.num_delivered
+        keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
+        try:
+            await self._process(msg, lease_id, attempt, started_at)
+        except Exception as exc:  # the one broad catch
+            log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
+        finally:
+            keepalive.cancel()
+
+    async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
+        try:
+            chunk = decode(Chunk, msg.data)
+            if chunk.job != self.job:
+                raise InvalidMessage("Chunk", f"job {chunk.job!r} on the consumer of {self.job!r}")
+        except InvalidMessage as exc:
+            await self._reject(msg, exc, attempt, lease_id, started_at)
+            return
+        index = chunk.index
+        try:
+            lease = self.ledger.get(lease_id)
+            if lease is None:
+                raise LeaseExpired(lease_id)
+            self.metrics.submit_total.inc()
+            output = await self.runner.run(self.spec, chunk, lease)
+            self.metrics.chunk_seconds.observe(time.time() - started_at)
+            if not self.ledger.is_live(lease_id, time.time()):
+                raise LeaseExpired(lease_id)
+            result = self.runner.ok(self.job, index, output, attempt, lease_id, started_at)
+        except TransientError as exc:
+            if attempt < self.spec.retry.max_deliver:
+                log.warning(
+                    "chunk retried job=%s index=%s attempt=%d error=%s",
+                    self.job,
+                    index,
+                    attempt,
+                    exc,
+                )
+                self.metrics.chunks_retry_total.inc()
+                await msg.nak(delay=self.spec.retry.nak_delay_s(attempt))
+                return
+            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        except Exception as exc:
+            result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        await self._finish(msg, result)
+
+    async def _reject(
+        self, msg: Msg, exc: InvalidMessage, attempt: int, lease_id: str, started_at: float
+    ) -> None:
+        self.metrics.invalid_messages_total.labels(subject="work").inc()
+        index = _index_from(msg)
+        if index is None:
+            # No chunk index to record a result under: drop it, counted and logged.
+            log.warning("undecodable chunk dropped job=%s error=%s", self.job, exc)
+            await msg.term()
+            return
+        await self._finish(
+            msg, self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
+        )
+
+    async def _finish(self, msg: Msg, result: ChunkResult) -> None:
+        if result.error_kind is not None:
+            self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
+        try:
+            await self._publish_patiently(result)
+        except ResultAlreadyRecorded:
+            self.metrics.duplicate_results_total.inc()
+        except VramfabricError as exc:
+            # The result did not reach the stream: leave the chunk for redelivery.
+            log.warning(
+                "result publish failed job=%s index=%d error=%s", self.job, result.index, exc
+            )
+            await quiet(msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt)))
+            return
+        # The result is stored before the work message is acked (at-least-once, nothing lost).
+        await (msg.ack() if result.ok else msg.term())
+        self.metrics.chunks_done_total.inc()
+
+    async def _publish_patiently(self, result: ChunkResult) -> None:
+        # While the results stream elects a leader, keep the computed result and retry,
+        # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
+        deadline = time.monotonic() + max(self.spec.ack_wait_s, RESULT_PATIENCE_S)
+        while True:
+            try:
+                await self._publish(result)
+                return
+            except Disconnected:
+                if time.monotonic() > deadline or self.stopping():
+                    raise
+                await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
+
+    async def _publish(self, result: ChunkResult) -> None:
+        subject = self.broker.subjects.result(self.spec.tenant, self.job, result.index)
+        headers = {HEADER_MSG_ID: self.broker.subjects.result_msg_id(self.job, result.index)}
+        try:
+            ack = await self.conn.js.publish(subject, encode(result), headers=headers)
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        if ack.duplicate:
+            raise ResultAlreadyRecorded(subject)
+
+
+class _KeepAlive:
+    """Sends `in_progress()` every `interval_s` while a chunk runs; short chunks never send it."""
+
+    def __init__(self, msg: Msg, interval_s: float) -> None:
+        self._msg = msg
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval_s, self._tick)
+
+    def _tick(self) -> None:
+        self._loop.create_task(quiet(self._msg.in_progress()))
+        self._timer = self._loop.call_later(self._interval_s, self._tick)
+
+    def cancel(self) -> None:
+        """Stop sending."""
+        self._timer.cancel()
+
+
+async def quiet(coro: Any) -> None:
+    """Await a best-effort ack call, logging rather than raising its failure."""
+    try:
+        await coro
+    except Exception as exc:
+        log.debug("in_progress failed error=%s", from_nats(exc))
+
+
+def _index_from(msg: Msg) -> int | None:
+    """The chunk index from the `Nats-Msg-Id` header (`<job>:<index>`), if it parses."""
+    msg_id = (msg.headers or {}).get(HEADER_MSG_ID, "")
+    _job, _sep, tail = msg_id.rpartition(":")
+    return int(tail) if tail.isdigit() else None
