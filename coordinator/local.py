@@ -92,6 +92,15 @@ class LocalFleet:
             preexec_fn=die_with_parent,
         )
 
+    def add_worker(
+        self, node: str, extra_args: tuple[str, ...] = (), ready_timeout_s: float = 30.0
+    ) -> subprocess.Popen[bytes]:
+        """Start one more worker, wait until it serves, and keep it for `stop()`."""
+        proc = self.spawn_worker(node, extra_args)
+        self.procs.append(proc)
+        self._wait_ready(proc, ready_timeout_s)
+        return proc
+
     @staticmethod
     def _wait_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         assert proc.stdout is not None

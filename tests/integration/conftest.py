@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -12,6 +16,7 @@ from tests.helpers import eventually
 from tests.kernels_for_tests import KERNELS
 from vramfabric.broker import BrokerSettings, connect
 from vramfabric.coordinator import CoordinatorSettings, Fabric
+from vramfabric.coordinator.local import LocalFleet
 from vramfabric.kernels import builtin_registry
 from vramfabric.worker import Agent, WorkerSettings
 
@@ -80,3 +85,29 @@ async def fabric_factory(broker: BrokerSettings) -> AsyncIterator[FabricFactory]
     yield make
     for fabric in fabrics:
         await fabric.close()
+
+
+WorkerProcess = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def worker_process(broker: BrokerSettings) -> Iterator[WorkerProcess]:
+    """Start real worker processes (test kernels loaded) on demand; stop them after."""
+    fleet = LocalFleet(
+        workers=0,
+        simulate="1x4GiB",
+        slice_size="1GiB",
+        prefix=broker.prefix,
+        url=broker.url,
+        node_ttl_s=broker.node_ttl_s,
+        worker_args=("--kernel-module", "tests.kernels_for_tests"),
+    )
+
+    def start(node: str, *extra_args: str) -> subprocess.Popen[bytes]:
+        return fleet.add_worker(node, extra_args)
+
+    yield start
+    for proc in fleet.procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a test may have left it frozen
+    fleet.stop()

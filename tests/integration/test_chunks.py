@@ -10,7 +10,7 @@ from pathlib import Path
 import msgpack
 
 from tests.helpers import eventually
-from tests.integration.conftest import AgentFactory, FabricFactory
+from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProcess
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import (
     BrokerSettings,
@@ -27,7 +27,6 @@ from vramfabric.broker import (
 )
 from vramfabric.broker.subjects import HEADER_MSG_ID
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Job
-from vramfabric.coordinator.local import LocalFleet
 
 
 async def prepare_job(
@@ -108,41 +107,27 @@ async def test_first_result_wins_and_a_second_is_rejected(
 
 
 async def test_chunk_of_a_killed_worker_is_finished_by_another_lease(
-    broker: BrokerSettings,
     agent_factory: AgentFactory,
     fabric_factory: FabricFactory,
+    worker_process: WorkerProcess,
     tmp_path: Path,
 ) -> None:
     # Given worker A (a real process) running the only chunk of a job
-    fleet = LocalFleet(
-        workers=0,
-        simulate="1x4GiB",
-        slice_size="1GiB",
-        prefix=broker.prefix,
-        url=broker.url,
-        node_ttl_s=broker.node_ttl_s,
-        worker_args=("--kernel-module", "tests.kernels_for_tests", "--heartbeat-s", "0.2"),
+    proc = worker_process("doomed", "--heartbeat-s", "0.2")
+    fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=3.0)
+    job = Job(
+        SLEEPY,
+        [sleepy_input(5)],
+        args={"sleep_s": 1.5, "log_dir": str(tmp_path)},
+        retry=RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0),
     )
-    proc = fleet.spawn_worker("doomed")
-    fleet.procs.append(proc)
-    try:
-        fleet._wait_ready(proc, 20)
-        fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=3.0)
-        job = Job(
-            SLEEPY,
-            [sleepy_input(5)],
-            args={"sleep_s": 1.5, "log_dir": str(tmp_path)},
-            retry=RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0),
-        )
-        run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=40))
-        await eventually(lambda: executions(str(tmp_path)).get(5) == 1, timeout_s=15)
-        # When a second node joins and A is killed -9 before it acks
-        survivor = await agent_factory("survivor", simulate="1x4GiB")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        result = await run
-    finally:
-        fleet.stop()
+    run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=40))
+    await eventually(lambda: executions(str(tmp_path)).get(5) == 1, timeout_s=15)
+    # When a second node joins and A is killed -9 before it acks
+    survivor = await agent_factory("survivor", simulate="1x4GiB")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    result = await run
     # Then the chunk was redelivered to the survivor's lease and finished there
     assert result.n_ok == 1 and result.value == (0, 5.0)
     assert executions(str(tmp_path)) == {5: 2}
@@ -204,37 +189,22 @@ async def test_unknown_kernel_fails_each_chunk_with_a_clear_error(
 
 
 async def test_chunk_out_of_deliveries_is_recorded_as_exhausted(
-    broker: BrokerSettings, fabric_factory: FabricFactory, tmp_path: Path
+    fabric_factory: FabricFactory, worker_process: WorkerProcess, tmp_path: Path
 ) -> None:
     # Given a job with no retries whose only worker freezes (SIGSTOP) inside the chunk
-    fleet = LocalFleet(
-        workers=0,
-        simulate="1x4GiB",
-        slice_size="1GiB",
-        prefix=broker.prefix,
-        url=broker.url,
-        node_ttl_s=broker.node_ttl_s,
-        worker_args=("--kernel-module", "tests.kernels_for_tests"),
+    proc = worker_process("frozen")
+    fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=30.0)
+    job = Job(
+        SLEEPY,
+        [sleepy_input(4)],
+        args={"sleep_s": 0.5, "log_dir": str(tmp_path)},
+        retry=RetryPolicy(max_retries=0),
     )
-    proc = fleet.spawn_worker("frozen")
-    fleet.procs.append(proc)
-    try:
-        fleet._wait_ready(proc, 20)
-        fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=30.0)
-        job = Job(
-            SLEEPY,
-            [sleepy_input(4)],
-            args={"sleep_s": 0.5, "log_dir": str(tmp_path)},
-            retry=RetryPolicy(max_retries=0),
-        )
-        run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=30))
-        await eventually(lambda: executions(str(tmp_path)).get(4) == 1, timeout_s=15)
-        os.kill(proc.pid, signal.SIGSTOP)
-        # When its ack wait passes with no delivery left
-        result = await run
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        fleet.stop()
+    run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=30))
+    await eventually(lambda: executions(str(tmp_path)).get(4) == 1, timeout_s=15)
+    os.kill(proc.pid, signal.SIGSTOP)
+    # When its ack wait passes with no delivery left
+    result = await run
     # Then the chunk's final result says it was exhausted, and the job ends
     assert result.n_failed == 1 and result.n_ok == 0
     assert result.failures[0].error_kind is ErrorKind.EXHAUSTED
