@@ -30,6 +30,9 @@ class ErrorKind(enum.StrEnum):
     INVALID_MESSAGE = "invalid_message"
     KERNEL_NOT_FOUND = "kernel_not_found"
     EXHAUSTED = "exhausted"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    CODE_REFUSED = "code_refused"
     ERROR = "error"
 
 
@@ -68,6 +71,22 @@ class LeaseDenied(TransientError):
         super().__init__(f"node {node} denied the lease: {reason}")
         self.node = node
         self.reason = reason
+
+
+class ChunkTimeout(TransientError):
+    """A chunk ran past its deadline; its executor was killed and respawned."""
+
+    kind = ErrorKind.TIMEOUT
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"chunk ran past its deadline of {timeout_s:g} s; its executor was killed")
+        self.timeout_s = timeout_s
+
+
+class ExecutorCrashed(TransientError):
+    """The executor process running a chunk died (segfault, os._exit, sticky CUDA error)."""
+
+    kind = ErrorKind.CRASHED
 
 
 class PermanentError(VramfabricError):
@@ -118,6 +137,12 @@ class SliceVramExceeded(PermanentError):
         )
         self.limit_bytes = limit_bytes
         self.requested_bytes = requested_bytes
+
+
+class CodeRefused(PermanentError):
+    """A worker refused to run a job's Python code (no --allow-code, or another Python)."""
+
+    kind = ErrorKind.CODE_REFUSED
 
 
 class ResultAlreadyRecorded(VramfabricError):

@@ -18,6 +18,14 @@ from .retry import RetryPolicy
 from .subjects import token
 
 PROTOCOL_VERSION = 1
+# Lease ids per renew or release request: a request of this many ids, and its reply (an
+# expiry per id), stay far below the server's 1 MiB max payload. Coordinators send batches.
+MAX_LEASE_IDS = 10_000
+# Leases per acquire request: a grant of this many fits in one reply.
+MAX_LEASE_COUNT = 5_000
+# Kinds of work a job runs: a kernel in the workers' registry, a Python callable, or a CUDA
+# kernel (both of the latter uploaded to the kernels object store by digest).
+KERNEL_KINDS = ("builtin", "python", "cuda")
 
 _ge0 = attrs.validators.ge(0)
 _gt0 = attrs.validators.gt(0)
@@ -59,6 +67,9 @@ class NodeAdvert:
     gpus: tuple[GpuState, ...]
     tenants: Mapping[str, int]
     sent_at: float
+    # `major.minor` of the worker's Python, and whether it runs Python callables.
+    python: str = ""
+    allow_code: bool = False
     v: int = PROTOCOL_VERSION
 
     def free_slices(self, slice_bytes: int) -> int:
@@ -93,7 +104,7 @@ class LeaseRequest:
 
     request_id: str = attrs.field(validator=_is_token)
     job: str = attrs.field(validator=_is_token)
-    count: int = attrs.field(validator=[_gt0, attrs.validators.le(100_000)])
+    count: int = attrs.field(validator=[_gt0, attrs.validators.le(MAX_LEASE_COUNT)])
     slice_bytes: int = attrs.field(validator=_gt0)
     ttl_s: float = attrs.field(validator=[_gt0, attrs.validators.le(86_400)])
     v: int = PROTOCOL_VERSION
@@ -113,7 +124,7 @@ class LeaseGrant:
 class RenewRequest:
     """Extend a batch of leases on one node by `ttl_s` from now."""
 
-    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(100_000))
+    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(MAX_LEASE_IDS))
     ttl_s: float = attrs.field(validator=[_gt0, attrs.validators.le(86_400)])
     v: int = PROTOCOL_VERSION
 
@@ -131,7 +142,7 @@ class RenewReply:
 class ReleaseRequest:
     """Give a batch of leases on one node back now."""
 
-    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(100_000))
+    lease_ids: tuple[str, ...] = attrs.field(validator=attrs.validators.max_len(MAX_LEASE_IDS))
     v: int = PROTOCOL_VERSION
 
 
@@ -164,6 +175,8 @@ def _spec_digest(spec: JobSpec) -> str:
             spec.inputs_digest,
             attrs.astuple(spec.retry),
             spec.ack_wait_s,
+            spec.kernel_kind,
+            spec.timeout_s,
         ],
         use_bin_type=True,
     )
@@ -172,10 +185,14 @@ def _spec_digest(spec: JobSpec) -> str:
 
 @attrs.frozen
 class JobSpec:
-    """A job as stored in KV: kernel, fixed args, chunk count and retry policy.
+    """A job as stored in KV: kernel, fixed args, chunk count, retry policy and deadline.
 
     The job id defaults to a hash of everything else in the spec (kernel, args, inputs, retry
-    policy, ack wait), so running the same job twice resumes it rather than duplicating it.
+    policy, ack wait, deadline), so running the same job twice resumes it.
+    `kernel_kind` says where the work comes from: `builtin` (the workers' registry, by name
+    and digest), `python` or `cuda` (the kernels object store, by `kernel_digest`).
+    `python` is the client's `major.minor`, which a worker must match to run a callable.
+    `timeout_s` is the per-chunk deadline (None: the worker's default).
     """
 
     tenant: str = attrs.field(validator=_is_token)
@@ -186,6 +203,11 @@ class JobSpec:
     inputs_digest: str = ""
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     ack_wait_s: float = attrs.field(default=30.0, validator=_gt0)
+    kernel_kind: str = attrs.field(default="builtin", validator=attrs.validators.in_(KERNEL_KINDS))
+    python: str = ""
+    timeout_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional([_gt0, attrs.validators.le(86_400)])
+    )
     job_id: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     v: int = PROTOCOL_VERSION
 
@@ -208,12 +230,17 @@ class Chunk:
 
 @attrs.frozen
 class ChunkResult:
-    """The final outcome of one chunk: output bytes, or the error that ended it."""
+    """The final outcome of one chunk: output bytes, or the error that ended it.
+
+    A large output travels in the tenant's outputs object store instead: `output_ref` names
+    the object and `output` is None.
+    """
 
     job: str
     index: int = attrs.field(validator=_ge0)
     ok: bool
     output: bytes | None = None
+    output_ref: str | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
     attempt: int = 1

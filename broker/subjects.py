@@ -140,6 +140,24 @@ class Subjects:
         """Object store of kernel blobs by sha256."""
         return f"{self.prefix}_kernels"
 
+    def outputs_store(self, tenant: str) -> str:
+        """Object store of one tenant's large chunk outputs (`<job>.<chunk>` objects)."""
+        return f"{self.prefix}_out_{token(tenant, 'tenant')}"
+
+    @staticmethod
+    def output_object(job: str, index: int) -> str:
+        """Name of one chunk's output in its tenant's outputs store."""
+        return f"{token(job, 'job')}.{int(index)}"
+
+    def checkpoints_bucket(self) -> str:
+        """KV bucket of long chunks' checkpoints under `<tenant>.<job>.<chunk>`."""
+        return f"{self.prefix}_checkpoints"
+
+    @staticmethod
+    def checkpoint_key(tenant: str, job: str, index: int) -> str:
+        """Key of one chunk's last checkpoint in the checkpoints bucket."""
+        return f"{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
+
     def job_key(self, tenant: str, job: str) -> str:
         """Key of a job spec in the jobs bucket."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}"
@@ -148,6 +166,12 @@ class Subjects:
     def chunk_msg_id(job: str, index: int) -> str:
         """Value of `Nats-Msg-Id` for one chunk: the idempotency key of its submission."""
         return f"{job}:{int(index)}"
+
+    @staticmethod
+    def chunk_retry_msg_id(job: str, index: int, run: str) -> str:
+        """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run (a fresh id,
+        so the stream's dedup window does not swallow it)."""
+        return f"{job}:{int(index)}:{token(run, 'run')}"
 
     @staticmethod
     def result_msg_id(job: str, index: int) -> str:

@@ -227,11 +227,27 @@ async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValu
 
 async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> ObjectStore:
     """The kernel-blob object store (names are sha256 digests)."""
-    config = ObjectStoreConfig(
-        bucket=settings.subjects.kernels_store(),
+    return await _object_store(js, settings, settings.subjects.kernels_store())
+
+
+async def outputs_store(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> ObjectStore:
+    """One tenant's store of chunk outputs too large to travel inside a result."""
+    return await _object_store(js, settings, settings.subjects.outputs_store(tenant))
+
+
+async def checkpoints_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
+    """The checkpoints bucket (`<tenant>.<job>.<chunk>` keys, deleted with the result)."""
+    config = KeyValueConfig(
+        bucket=settings.subjects.checkpoints_bucket(),
+        history=1,
         storage=StorageType.FILE,
         replicas=settings.replicas,
     )
+    return await _bucket(js, config)
+
+
+async def _object_store(js: JetStreamContext, settings: BrokerSettings, name: str) -> ObjectStore:
+    config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=settings.replicas)
     try:
         # nats-py overwrites config.bucket with its `bucket` argument: pass both.
         return await js.create_object_store(bucket=config.bucket, config=config)
