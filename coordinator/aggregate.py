@@ -1,19 +1,35 @@
-"""Aggregators: fold chunk outputs as they stream in, in bounded memory.
+"""Aggregators: fold chunk outputs as they stream in.
 
 Each receives `add(index, output)` once per chunk that succeeded, in arrival order, and
 `value()` gives the aggregate. Ties go to the lower chunk index, so the answer does not
-depend on which worker finished first.
+depend on which worker finished first. All but `Gather` hold bounded state; `Gather` keeps
+every decoded output in memory.
+
+Outputs are decoded by a dtype: a numeric numpy dtype name (`float32`, `float64`, `int64`...),
+`bytes` (raw), or `pickle` (a Python-callable job's `pickle.dumps` of its return value).
+ArgMin, ArgMax, Mean, TopK and Gather default to `dtype=None`, meaning "the job's declared
+output dtype": the coordinator calls `bind_dtype(aggregator, dtype)` before the first result,
+and a dtype given explicitly wins. `scalar(output, dtype)` is the one place scalars are read.
+
+Unpickling runs `pickle.loads` on bytes that came back from the fabric, so a `pickle` output
+is only as trustworthy as the workers that produced it: run such jobs on workers you trust.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+PICKLE = "pickle"
+BYTES = "bytes"
+# numpy kinds that read as one real number: bool, signed and unsigned int, float
+_SCALAR_KINDS = "biuf"
 
 
 class Aggregator(Protocol):
@@ -28,23 +44,112 @@ class Aggregator(Protocol):
         ...
 
 
-def scalar(output: bytes, dtype: str = "float32") -> float:
-    """The first element of an output buffer as a Python float."""
-    arr = np.frombuffer(output, dtype=dtype, count=1)
-    return float(arr[0])
+def _numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype for a numeric dtype name; ValueError for an unknown or unreadable one."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(
+            f"unknown output dtype {dtype!r}; expected a numpy dtype name, 'bytes' or 'pickle'"
+        ) from None
+    if dt.hasobject or dt.itemsize == 0:
+        # object arrays cannot come from a buffer and a zero-size element has no value
+        raise ValueError(f"output dtype {dtype!r} cannot be read from bytes")
+    return dt
+
+
+def check_dtype(dtype: str) -> str:
+    """`dtype` itself if it names an output encoding, else ValueError."""
+    if dtype not in (PICKLE, BYTES):
+        _numpy_dtype(dtype)
+    return dtype
+
+
+def bind_dtype(aggregator: Aggregator, dtype: str) -> None:
+    """Give `aggregator` the job's output dtype unless it already has one."""
+    # Only decoding aggregators have a `dtype`; Collect and Fold see raw bytes whatever the job
+    # declares. An explicit dtype is never overwritten.
+    if getattr(aggregator, "dtype", "") is None:
+        aggregator.dtype = check_dtype(dtype)  # type: ignore[attr-defined]
+
+
+def unpickle(output: bytes) -> Any:
+    """The object a Python-callable job returned (trusts the worker that produced it)."""
+    try:
+        return pickle.loads(output)
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"output of {len(output)} bytes is not a pickle: {exc}") from None
+
+
+def scalar(output: bytes, dtype: str) -> float:
+    """The output as one Python float: the first element, or the unpickled number."""
+    if dtype == PICKLE:
+        obj = unpickle(output)
+        # float("1.5") would succeed, but a string is not a numeric result
+        if not isinstance(obj, (str, bytes, bytearray)):
+            try:
+                return float(obj)
+            except (TypeError, ValueError, OverflowError):
+                pass
+        raise ValueError(f"pickled output is a {type(obj).__name__}, not a number")
+    if dtype == BYTES:
+        raise ValueError(
+            "outputs of dtype 'bytes' have no scalar value; use Gather, Collect or Fold"
+        )
+    dt = _numpy_dtype(dtype)
+    if dt.kind not in _SCALAR_KINDS:
+        raise ValueError(f"outputs of dtype {dtype!r} have no real scalar value")
+    if len(output) < dt.itemsize:
+        raise ValueError(
+            f"output of {len(output)} bytes is shorter than one {dt.name} ({dt.itemsize} bytes)"
+        )
+    return float(np.frombuffer(output, dtype=dt, count=1)[0])
+
+
+def decode(output: bytes, dtype: str) -> Any:
+    """The whole output: the unpickled object, the raw bytes, or a writable numpy array."""
+    if dtype == PICKLE:
+        return unpickle(output)
+    if dtype == BYTES:
+        return bytes(output)
+    dt = _numpy_dtype(dtype)
+    if len(output) % dt.itemsize:
+        raise ValueError(
+            f"output of {len(output)} bytes is not a whole number of {dt.name} "
+            f"({dt.itemsize} bytes each)"
+        )
+    # frombuffer over immutable bytes is read-only; the copy owns writable memory
+    return np.frombuffer(output, dtype=dt).copy()
+
+
+def _bound(agg: Any) -> str:
+    """The aggregator's dtype, or ValueError if it was never given or bound."""
+    dtype: str | None = agg.dtype
+    if dtype is None:
+        name = type(agg).__name__
+        raise ValueError(
+            f"{name} has no dtype: pass {name}(dtype=...) or call bind_dtype(aggregator, "
+            "job_output_dtype) before the first result"
+        )
+    return dtype
+
+
+def _optional(dtype: str | None) -> str | None:
+    """An explicit dtype checked early, so a typo fails before the job runs."""
+    return None if dtype is None else check_dtype(dtype)
 
 
 class ArgMin:
     """The chunk with the smallest scalar output: `(index, value)` or None."""
 
-    def __init__(self, dtype: str = "float32") -> None:
-        """Compare outputs decoded as `dtype`."""
-        self.dtype = dtype
+    def __init__(self, dtype: str | None = None) -> None:
+        """Compare outputs decoded as `dtype` (None: the job's output dtype, see bind_dtype)."""
+        self.dtype = _optional(dtype)
         self.best: tuple[float, int] | None = None
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it is the smallest seen (NaN never wins)."""
-        x = scalar(output, self.dtype)
+        x = scalar(output, _bound(self))
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
 
@@ -58,7 +163,7 @@ class ArgMax(ArgMin):
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it is the largest seen (NaN never wins)."""
-        x = -scalar(output, self.dtype)
+        x = -scalar(output, _bound(self))
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
 
@@ -70,15 +175,15 @@ class ArgMax(ArgMin):
 class Mean:
     """Mean and count of scalar outputs (float64 accumulation)."""
 
-    def __init__(self, dtype: str = "float32") -> None:
-        """Average outputs decoded as `dtype`."""
-        self.dtype = dtype
+    def __init__(self, dtype: str | None = None) -> None:
+        """Average outputs decoded as `dtype` (None: the job's output dtype, see bind_dtype)."""
+        self.dtype = _optional(dtype)
         self.total = 0.0
         self.count = 0
 
     def add(self, index: int, output: bytes) -> None:
         """Add one output to the running sum."""
-        self.total += scalar(output, self.dtype)
+        self.total += scalar(output, _bound(self))
         self.count += 1
 
     def value(self) -> float | None:
@@ -89,16 +194,16 @@ class Mean:
 class TopK:
     """The k smallest (or largest) scalar outputs as sorted `(index, value)` pairs."""
 
-    def __init__(self, k: int, largest: bool = False, dtype: str = "float32") -> None:
+    def __init__(self, k: int, largest: bool = False, dtype: str | None = None) -> None:
         """Keep `k` outputs; `largest` picks the top instead of the bottom."""
         if k <= 0:
             raise ValueError(f"k must be > 0, got {k}")
-        self.k, self.largest, self.dtype = k, largest, dtype
+        self.k, self.largest, self.dtype = k, largest, _optional(dtype)
         self._heap: list[tuple[float, int]] = []  # worst kept on top
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it ranks among the best k."""
-        x = scalar(output, self.dtype)
+        x = scalar(output, _bound(self))
         if math.isnan(x):
             return
         key = (x if self.largest else -x, -index)
@@ -111,6 +216,29 @@ class TopK:
         """The kept outputs, best first."""
         pairs = [(-i, x if self.largest else -x) for x, i in self._heap]
         return sorted(pairs, key=lambda p: (-p[1] if self.largest else p[1], p[0]))
+
+
+class Gather:
+    """Every chunk's decoded output as a list in chunk-index order; holds them all in memory."""
+
+    def __init__(self, dtype: str | None = None, n_chunks: int | None = None) -> None:
+        """Decode outputs as `dtype` (None: the job's output dtype); `n_chunks` pads the list."""
+        self.dtype = _optional(dtype)
+        self.n_chunks = n_chunks
+        self._outputs: dict[int, Any] = {}
+
+    def add(self, index: int, output: bytes) -> None:
+        """Decode and keep one output (pickle: object, bytes: bytes, numeric: numpy array)."""
+        self._outputs[index] = decode(output, _bound(self))
+
+    def value(self) -> list[Any]:
+        """Outputs by chunk index, None where a chunk has no ok output."""
+        # Without n_chunks the length is the highest index seen plus one, so trailing chunks that
+        # failed are absent rather than None.
+        size = max(self._outputs, default=-1) + 1
+        if self.n_chunks is not None:
+            size = max(size, self.n_chunks)
+        return [self._outputs.get(i) for i in range(size)]
 
 
 class Collect:
@@ -149,7 +277,7 @@ class Fold:
 
 
 def by_name(name: str, directory: str | None = None, k: int = 10) -> Aggregator:
-    """An aggregator from its CLI/TOML name: argmin, argmax, mean, topk or collect."""
+    """An aggregator from its CLI/TOML name: argmin, argmax, mean, topk, gather or collect."""
     if name == "argmin":
         return ArgMin()
     if name == "argmax":
@@ -158,8 +286,12 @@ def by_name(name: str, directory: str | None = None, k: int = 10) -> Aggregator:
         return Mean()
     if name == "topk":
         return TopK(k)
+    if name == "gather":
+        return Gather()
     if name == "collect":
         if not directory:
             raise ValueError("the collect aggregator needs an output directory")
         return Collect(directory)
-    raise ValueError(f"unknown aggregator {name!r}; expected argmin, argmax, mean, topk or collect")
+    raise ValueError(
+        f"unknown aggregator {name!r}; expected argmin, argmax, mean, topk, gather or collect"
+    )

@@ -1,8 +1,9 @@
-"""coordinator/aggregate.py: folding float32 chunk outputs as they stream in."""
+"""coordinator/aggregate.py: decoding chunk outputs by the job's dtype and folding them."""
 
 from __future__ import annotations
 
 import itertools
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ from vramfabric.coordinator.aggregate import (
     ArgMin,
     Collect,
     Fold,
+    Gather,
     Mean,
     TopK,
+    bind_dtype,
     by_name,
+    decode,
     scalar,
 )
 
@@ -28,13 +32,15 @@ def f32(x: float) -> bytes:
 
 
 def feed(agg: Any, pairs: list[tuple[int, float]]) -> Any:
+    # Most tests speak float32; an aggregator made without a dtype takes it as the job's
+    bind_dtype(agg, "float32")
     for index, x in pairs:
         agg.add(index, f32(x))
     return agg.value()
 
 
 def test_scalar_reads_the_first_float32() -> None:
-    assert scalar(f32(2.5) + f32(9.0)) == 2.5
+    assert scalar(f32(2.5) + f32(9.0), "float32") == 2.5
     assert scalar(np.float64(1.25).tobytes(), "float64") == 1.25
 
 
@@ -171,7 +177,7 @@ def test_collect_accepts_an_existing_directory(tmp_path: Path) -> None:
 
 
 def test_fold_applies_the_function_from_the_initial_state() -> None:
-    agg = Fold(lambda state, index, out: [*state, (index, scalar(out))], initial=[])
+    agg = Fold(lambda state, index, out: [*state, (index, scalar(out, "float32"))], initial=[])
     assert feed(agg, [(2, 1.0), (0, 3.0)]) == [(2, 1.0), (0, 3.0)]
 
 
@@ -184,7 +190,8 @@ def test_fold_default_initial_is_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "cls"), [("argmin", ArgMin), ("argmax", ArgMax), ("mean", Mean), ("topk", TopK)]
+    ("name", "cls"),
+    [("argmin", ArgMin), ("argmax", ArgMax), ("mean", Mean), ("topk", TopK), ("gather", Gather)],
 )
 def test_by_name(name: str, cls: type) -> None:
     assert type(by_name(name)) is cls
@@ -212,3 +219,196 @@ def test_by_name_collect_without_directory_raises(directory: str | None) -> None
 def test_by_name_unknown_raises(name: str) -> None:
     with pytest.raises(ValueError, match=f"unknown aggregator {name!r}"):
         by_name(name)
+
+
+def test_by_name_leaves_the_dtype_to_the_job() -> None:
+    assert by_name("argmin").dtype is None  # type: ignore[attr-defined]
+
+
+# --- the job's dtype: bind_dtype, explicit dtypes, unbound use
+
+
+def f64_with_low_word(high: float, low32: float) -> bytes:
+    """A float64 near `high` whose first 4 bytes (little-endian) read as the float32 `low32`."""
+    hi_bits = int(np.array(high, dtype=np.float64).view(np.uint64)) & ~0xFFFFFFFF
+    lo_bits = int(np.array(low32, dtype=np.float32).view(np.uint32))
+    return np.array(hi_bits | lo_bits, dtype="<u8").view("<f8").tobytes()
+
+
+def misread_pair() -> list[tuple[int, bytes]]:
+    """Two float64 outputs whose true argmin is index 0 and whose float32 misreading says 1."""
+    a = np.float64(1.0).astype("<f8").tobytes()  # low word zero: reads 0.0 as float32
+    b = f64_with_low_word(2.0, -1.0)  # ~2.0 as float64, -1.0 as float32
+    return [(0, a), (1, b)]
+
+
+def test_bound_float64_picks_what_a_float32_reading_gets_wrong() -> None:
+    # Given float64 outputs built so that their first 4 bytes, read as float32, rank them wrongly
+    pairs = misread_pair()
+    misread = ArgMin(dtype="float32")
+    for index, out in pairs:
+        misread.add(index, out)
+    assert misread.value() == (1, -1.0)
+    # When ArgMin takes the job's float64 dtype
+    agg = ArgMin()
+    bind_dtype(agg, "float64")
+    for index, out in pairs:
+        agg.add(index, out)
+    # Then it compares whole float64 values
+    assert agg.value() == (0, 1.0)
+
+
+def test_bound_float64_argmax_reads_the_whole_value() -> None:
+    agg = ArgMax()
+    bind_dtype(agg, "float64")
+    for index, out in misread_pair():
+        agg.add(index, out)
+    best = agg.value()
+    assert best is not None
+    assert best[0] == 1
+    assert best[1] == pytest.approx(2.0)
+
+
+def test_explicit_dtype_wins_over_bind_dtype() -> None:
+    agg = ArgMin(dtype="float32")
+    bind_dtype(agg, "float64")
+    assert agg.dtype == "float32"
+    agg.add(0, f32(1.5))
+    assert agg.value() == (0, 1.5)
+
+
+def test_bind_dtype_ignores_aggregators_without_a_dtype(tmp_path: Path) -> None:
+    collect, fold = Collect(tmp_path), Fold(lambda s, i, o: o)
+    bind_dtype(collect, "float64")
+    bind_dtype(fold, "pickle")
+    assert not hasattr(collect, "dtype")
+    assert not hasattr(fold, "dtype")
+
+
+@pytest.mark.parametrize("make", [ArgMin, ArgMax, Mean, lambda: TopK(2), Gather])
+def test_unbound_aggregator_raises_on_add(make: Any) -> None:
+    agg = make()
+    with pytest.raises(ValueError, match=r"no dtype: pass .*\(dtype=\.\.\.\) or call bind_dtype"):
+        agg.add(0, f32(1.0))
+
+
+@pytest.mark.parametrize("bad", ["float33", "object", "S0"])
+def test_unknown_dtypes_fail_early(bad: str) -> None:
+    with pytest.raises(ValueError, match=repr(bad)):
+        ArgMin(dtype=bad)
+    with pytest.raises(ValueError, match=repr(bad)):
+        bind_dtype(Mean(), bad)
+
+
+# --- pickled outputs of Python-callable jobs
+
+
+def pk(obj: Any) -> bytes:
+    return pickle.dumps(obj)
+
+
+def test_pickle_outputs_for_argmin_and_argmax() -> None:
+    outs = [(0, pk(3)), (1, pk(-2.5)), (2, pk(np.float64(7.0))), (3, pk(float("nan")))]
+    for cls, want in [(ArgMin, (1, -2.5)), (ArgMax, (2, 7.0))]:
+        agg = cls()
+        bind_dtype(agg, "pickle")
+        for index, out in outs:
+            agg.add(index, out)
+        assert agg.value() == want
+
+
+def test_pickle_outputs_for_mean() -> None:
+    agg = Mean(dtype="pickle")
+    for index, x in enumerate([1, 2.5, np.float32(4.5), True]):
+        agg.add(index, pk(x))
+    assert agg.value() == 9.0 / 4
+
+
+def test_pickle_outputs_for_topk() -> None:
+    agg = TopK(2, largest=True)
+    bind_dtype(agg, "pickle")
+    for index, x in [(0, 1), (1, 10**3), (2, 5.5), (3, np.int64(10**3))]:
+        agg.add(index, pk(x))
+    assert agg.value() == [(1, 1000.0), (3, 1000.0)]
+
+
+@pytest.mark.parametrize("obj", ["1.5", b"1", None, [1.0], {"loss": 1.0}, 1j])
+def test_pickle_output_that_is_not_a_number_raises(obj: Any) -> None:
+    with pytest.raises(ValueError, match=f"pickled output is a {type(obj).__name__}, not a number"):
+        scalar(pk(obj), "pickle")
+
+
+def test_output_that_is_not_a_pickle_raises() -> None:
+    with pytest.raises(ValueError, match="output of 3 bytes is not a pickle"):
+        scalar(b"abc", "pickle")
+
+
+# --- scalar decoding errors
+
+
+@pytest.mark.parametrize(
+    ("output", "dtype", "message"),
+    [
+        (b"", "float32", "output of 0 bytes is shorter than one float32 (4 bytes)"),
+        (f32(1.0), "float64", "output of 4 bytes is shorter than one float64 (8 bytes)"),
+        (b"\x01", "int16", "output of 1 bytes is shorter than one int16 (2 bytes)"),
+    ],
+)
+def test_short_output_error_names_the_sizes(output: bytes, dtype: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        scalar(output, dtype)
+
+
+def test_scalar_of_raw_bytes_raises() -> None:
+    with pytest.raises(ValueError, match="'bytes' have no scalar value"):
+        scalar(b"abcd", "bytes")
+
+
+def test_scalar_reads_integers() -> None:
+    assert scalar(np.int64(-7).tobytes(), "int64") == -7.0
+
+
+# --- Gather
+
+
+def gather(dtype: str, outputs: list[tuple[int, bytes]], **kw: Any) -> list[Any]:
+    agg = Gather(**kw)
+    bind_dtype(agg, dtype)
+    for index, out in outputs:
+        agg.add(index, out)
+    return agg.value()
+
+
+def test_gather_pickle_in_index_order_with_gaps() -> None:
+    # Given chunks 0, 1 and 3 arriving out of order, chunk 2 failed (never added)
+    out = gather("pickle", [(3, pk({"d": 3})), (0, pk([0])), (1, pk(None))])
+    # Then the list is in index order, None for the gap (and for a chunk that returned None)
+    assert out == [[0], None, None, {"d": 3}]
+
+
+def test_gather_bytes_are_raw() -> None:
+    assert gather("bytes", [(1, b"one"), (0, b"")]) == [b"", b"one"]
+
+
+def test_gather_numeric_gives_writable_arrays() -> None:
+    out = gather("float32", [(1, f32(2.0)), (0, f32(0.5) + f32(1.5))])
+    assert [a.tolist() for a in out] == [[0.5, 1.5], [2.0]]
+    assert all(a.dtype == np.float32 for a in out)
+    out[0][0] = 9.0  # a copy, not a view of the immutable output bytes
+    assert out[0][0] == 9.0
+
+
+def test_gather_explicit_dtype_and_n_chunks_pad_trailing_failures() -> None:
+    agg = Gather(dtype="bytes", n_chunks=4)
+    bind_dtype(agg, "pickle")
+    agg.add(1, b"x")
+    assert agg.value() == [None, b"x", None, None]
+
+
+def test_gather_of_nothing_is_empty() -> None:
+    assert Gather(dtype="pickle").value() == []
+
+
+def test_decode_rejects_a_partial_element() -> None:
+    with pytest.raises(ValueError, match=r"output of 6 bytes is not a whole number of float32"):
+        decode(b"\x00" * 6, "float32")
