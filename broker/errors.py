@@ -139,6 +139,14 @@ class SliceVramExceeded(PermanentError):
         self.requested_bytes = requested_bytes
 
 
+class ChunkFailed(PermanentError):
+    """A chunk's work failed in its executor; `error_kind` is how, as the executor saw it."""
+
+    def __init__(self, error_kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.error_kind = error_kind
+
+
 class CodeRefused(PermanentError):
     """A worker refused to run a job's Python code (no --allow-code, or another Python)."""
 

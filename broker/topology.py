@@ -248,8 +248,21 @@ async def checkpoints_bucket(js: JetStreamContext, settings: BrokerSettings) -> 
 
 async def _object_store(js: JetStreamContext, settings: BrokerSettings, name: str) -> ObjectStore:
     config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=settings.replicas)
+    return await _patient(lambda: _object_store_once(js, config))
+
+
+async def _object_store_once(js: JetStreamContext, config: ObjectStoreConfig) -> ObjectStore:
     try:
         # nats-py overwrites config.bucket with its `bucket` argument: pass both.
         return await js.create_object_store(bucket=config.bucket, config=config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
+            raise from_nats(exc) from exc
+        # Made by another process with other settings (the server fills in defaults): share it.
+        log.debug("object store exists with a different config bucket=%s", config.bucket)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+    try:
+        return await js.object_store(config.bucket)
     except Exception as exc:
         raise from_nats(exc) from exc

@@ -10,15 +10,18 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from typing import Any
 
 import attrs
+from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     CapacityExceeded,
+    CodeRefused,
     JobFailed,
     JobTimeout,
     VramfabricError,
@@ -27,14 +30,16 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .aggregate import Aggregator
+from .aggregate import Aggregator, bind_dtype
 from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
 from .jobs import Job, finished_chunks, submit_chunks
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
+from .rerun import failed_chunks, reopen
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
+from .work import upload
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,7 @@ class Fabric:
     settings: CoordinatorSettings
     conn: Connection
     fleet: FleetView = attrs.field(init=False)
+    _kernels: ObjectStore = attrs.field(init=False)
     _owns_conn: bool = False
     metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
 
@@ -91,7 +97,7 @@ class Fabric:
     async def start(self) -> None:
         """Create the tenant's streams and buckets and start watching adverts."""
         await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
-        await topology.kernels_store(self.conn.js, self.broker)
+        self._kernels = await topology.kernels_store(self.conn.js, self.broker)
         self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
 
@@ -116,19 +122,31 @@ class Fabric:
         progress: Progress | None = None,
         timeout_s: float | None = None,
         min_slices: int = 0,
+        retry_failed: bool = False,
     ) -> JobResult:
         """Run `job` to completion on up to `slices` leases and return its aggregate.
 
         Chunks that already have results (an earlier run of the same job id) are not
-        submitted again. Failed chunks are reported in the result, not raised.
+        submitted again; with `retry_failed`, those whose result is a failure are. Failed
+        chunks are reported in the result, not raised. The aggregator decodes outputs with
+        the job's output dtype unless it was given one.
 
         Raises:
+            CodeRefused: a Python function, and no live worker runs code on this Python.
             CapacityExceeded: fewer than `min_slices` leases could be had at the start.
             JobTimeout: not every chunk had a result within `timeout_s`.
         """
         t0 = time.perf_counter()
         spec = job.spec(self.settings)
+        bind_dtype(aggregator, job.output_dtype)
+        self._check_code(job)
+        await upload(self._kernels, job.work)
         await self._publish_spec(spec)
+        retried: list[int] = []
+        if retry_failed:
+            stored = await finished_chunks(self.conn, self.broker, spec)
+            retried = await failed_chunks(self.conn, self.broker, spec, len(stored))
+            await reopen(self.conn, self.broker, spec, retried)
         results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress, self.metrics)
         await results.start()
         exhausted = ExhaustedWatcher(self.conn, self.broker, spec)
@@ -139,34 +157,25 @@ class Fabric:
             self.conn, self.broker, self.settings, self.fleet, spec.job_id, self.metrics
         )
         phases: dict[str, float] = {}
-        grower: asyncio.Task[None] | None = None
+        grower: list[asyncio.Task[None]] = []
         try:
             if todo:
-                await topology.ensure_job_consumer(self.conn.js, self.broker, spec)
-                target = min(slices or self.settings.max_slices, len(todo))
-                t = time.perf_counter()
-                await pool.acquire(target)
-                if len(pool) < min(min_slices, target):
-                    raise CapacityExceeded(wanted=min_slices, got=len(pool))
-                pool.start_renewing()
-                phases["acquire_s"] = time.perf_counter() - t
-                t = time.perf_counter()
-                grower = asyncio.get_running_loop().create_task(self._grow(pool, results, target))
-                await submit_chunks(self.conn, self.broker, spec, job.inputs, todo)
-                phases["submit_s"] = time.perf_counter() - t
+                await self._execute(
+                    job, spec, pool, results, (todo, retried), (slices, min_slices), phases, grower
+                )
             if not await results.wait(timeout_s):
                 raise JobTimeout(
                     f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
                     f"done after {timeout_s}s"
                 )
             if todo:
-                phases["execute_s"] = time.perf_counter() - t
+                phases["execute_s"] = time.perf_counter() - t0 - sum(phases.values())
         finally:
             pool.closing = True
-            if grower is not None:
-                grower.cancel()
+            for task in grower:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await grower
+                    await task
             t = time.perf_counter()
             await pool.release()
             phases["release_s"] = time.perf_counter() - t
@@ -189,6 +198,54 @@ class Fabric:
             lease_history=tuple(pool.history),
             phases_s=phases,
         )
+
+    async def _execute(
+        self,
+        job: Job,
+        spec: JobSpec,
+        pool: LeasePool,
+        results: ResultsConsumer,
+        chunks: tuple[list[int], list[int]],
+        sizes: tuple[int | None, int],
+        phases: dict[str, float],
+        grower: list[asyncio.Task[None]],
+    ) -> None:
+        """Lease slices, start growing the pool, and submit the chunks still to do.
+
+        `chunks` is (to do, of which reopened failures); `sizes` is (slices, min_slices).
+        """
+        (todo, retried), (slices, min_slices) = chunks, sizes
+        await topology.ensure_job_consumer(self.conn.js, self.broker, spec)
+        target = min(slices or self.settings.max_slices, len(todo))
+        t = time.perf_counter()
+        await pool.acquire(target)
+        if len(pool) < min(min_slices, target):
+            raise CapacityExceeded(wanted=min_slices, got=len(pool))
+        pool.start_renewing()
+        phases["acquire_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        grower.append(asyncio.get_running_loop().create_task(self._grow(pool, results, target)))
+        again = set(retried)
+        first = [i for i in todo if i not in again]
+        await submit_chunks(self.conn, self.broker, spec, job.encoded, first)
+        if retried:
+            rerun = uuid.uuid4().hex[:8]
+            await submit_chunks(self.conn, self.broker, spec, job.encoded, retried, rerun)
+        phases["submit_s"] = time.perf_counter() - t
+
+    def _check_code(self, job: Job) -> None:
+        """Refuse a Python function up front when no live worker would run it."""
+        if job.work.kind != "python":
+            return
+        able = [
+            a for a in self.fleet.adverts.values() if a.allow_code and a.python == job.work.python
+        ]
+        if not able:
+            raise CodeRefused(
+                f"no live worker runs Python functions on Python {job.work.python} "
+                f"(of {len(self.fleet.adverts)} live: start workers with --allow-code on the "
+                "same Python version as this client)"
+            )
 
     async def _delete_consumer(self, spec: JobSpec) -> None:
         # Best effort: the job is done either way, and a rerun finds every result.

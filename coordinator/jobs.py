@@ -23,9 +23,10 @@ from vramfabric.broker.messages import Chunk, JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID
-from vramfabric.kernels import Kernel
+from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
 
 from .settings import CoordinatorSettings
+from .work import JobWork, Work, job_work
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,34 @@ _WINDOW = 1000
 
 @attrs.frozen
 class Job:
-    """What a user runs: a kernel over a sequence of chunk inputs, with fixed args.
+    """What a user runs: a kernel, a CUDA kernel or a Python function over chunk inputs.
 
-    Leave `job_id` empty to derive it from the kernel, args and inputs: the same job run
-    twice is then a resume, not a duplicate.
+    A registered `Kernel` or a `CudaKernel` takes bytes; a function takes any picklable
+    objects (and returns any). Leave `job_id` empty to derive it from the work, args and
+    inputs: the same job run twice is then a resume, not a duplicate. `timeout_s` is each
+    chunk's deadline (default: the worker's).
     """
 
-    kernel: Kernel
-    inputs: Sequence[bytes]
+    kernel: Work
+    inputs: Sequence[Any]
     args: Mapping[str, Any] = attrs.field(factory=dict)
     job_id: str = ""
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    timeout_s: float | None = None
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    work: JobWork = attrs.field(init=False)
+    encoded: list[bytes] = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Describe the work and encode the inputs once (TypeError if either cannot be)."""
+        work = job_work(self.kernel, self.max_output_bytes)
+        object.__setattr__(self, "work", work)
+        object.__setattr__(self, "encoded", work.encode_inputs(self.inputs))
+
+    @property
+    def output_dtype(self) -> str:
+        """How outputs decode: a numpy dtype name, or `pickle` for a function's results."""
+        return self.work.output_dtype
 
     def spec(self, settings: CoordinatorSettings) -> JobSpec:
         """The JobSpec stored in KV and read by workers.
@@ -66,22 +84,25 @@ class Job:
                     f"job arg {key!r} must be a str key with an int, float, str, "
                     f"bytes or bool value, got {type(value).__name__}"
                 )
-        limit = min(self.kernel.max_input_bytes, settings.max_chunk_bytes)
+        limit = min(self.work.max_input_bytes, settings.max_chunk_bytes)
         digest = hashlib.sha256()
-        for i, data in enumerate(self.inputs):
+        for i, data in enumerate(self.encoded):
             if len(data) > limit:
                 raise ValueError(f"chunk {i} is {len(data)} bytes; the limit is {limit}")
             digest.update(len(data).to_bytes(8, "little"))
             digest.update(data)
         return JobSpec(
             tenant=settings.tenant,
-            kernel=self.kernel.name,
-            kernel_digest=self.kernel.digest,
+            kernel=self.work.name,
+            kernel_digest=self.work.digest,
             n_chunks=len(self.inputs),
             args=dict(self.args),
             inputs_digest=digest.hexdigest(),
             retry=self.retry,
             ack_wait_s=settings.ack_wait_s,
+            kernel_kind=self.work.kind,
+            python=self.work.python,
+            timeout_s=self.timeout_s,
             job_id=self.job_id,
         )
 
@@ -92,8 +113,12 @@ async def submit_chunks(
     spec: JobSpec,
     inputs: Sequence[bytes],
     indices: Sequence[int],
+    rerun: str = "",
 ) -> int:
     """Publish the given chunks with idempotent ids; return how many were already queued.
+
+    `rerun` (a token unique to this run) gives the chunks fresh ids: chunks submitted again
+    after their failure must not be taken for duplicates of the first submission.
 
     Publishes are asynchronous in a window bounded by the JetStream context's
     `publish_async_max_pending`. Chunks whose ack does not come (a stream leader lost, say)
@@ -106,7 +131,7 @@ async def submit_chunks(
     deadline = time.monotonic() + _PUBLISH_DEADLINE_S
     pending, duplicates = list(indices), 0
     while pending:
-        outcomes = await _publish_round(conn, broker, spec, inputs, pending)
+        outcomes = await _publish_round(conn, broker, spec, inputs, pending, rerun)
         duplicates += sum(1 for o in outcomes if not isinstance(o, BaseException) and o.duplicate)
         failed = [i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)]
         if failed and time.monotonic() > deadline:
@@ -128,6 +153,7 @@ async def _publish_round(
     spec: JobSpec,
     inputs: Sequence[bytes],
     indices: Sequence[int],
+    rerun: str,
 ) -> list[Any]:
     subject = broker.subjects.work(spec.tenant, spec.job_id)
     outcomes: list[Any] = []
@@ -136,7 +162,12 @@ async def _publish_round(
         futures = []
         for i in indices[start : start + _WINDOW]:
             data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
-            headers = {HEADER_MSG_ID: broker.subjects.chunk_msg_id(spec.job_id, i)}
+            msg_id = (
+                broker.subjects.chunk_retry_msg_id(spec.job_id, i, rerun)
+                if rerun
+                else broker.subjects.chunk_msg_id(spec.job_id, i)
+            )
+            headers = {HEADER_MSG_ID: msg_id}
             try:
                 futures.append(await conn.js.publish_async(subject, data, headers=headers))
             except Exception as exc:  # e.g. disconnected while publishing: retry this one

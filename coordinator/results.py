@@ -13,10 +13,12 @@ from collections.abc import Callable
 
 import attrs
 from nats.aio.msg import Msg
+from nats.js.object_store import ObjectStore
 
+from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import ErrorKind, InvalidMessage
+from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -52,6 +54,7 @@ class ResultsConsumer:
     _seen: bytearray = attrs.field(init=False)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _follower: Follower | None = attrs.field(default=None, init=False)
+    _outputs: ObjectStore | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Size the seen-bitmap to the job."""
@@ -96,7 +99,28 @@ class ResultsConsumer:
                 error_kind=ErrorKind.INVALID_MESSAGE,
                 error=str(exc),
             )
+        if result.ok and result.output_ref is not None:
+            result = await self._fetch_output(result)
         self.add(result)
+
+    async def _fetch_output(self, result: ChunkResult) -> ChunkResult:
+        """The result with its output read from the outputs store (or failed, naming why)."""
+        try:
+            if self._outputs is None:
+                self._outputs = await topology.outputs_store(
+                    self.conn.js, self.broker, self.spec.tenant
+                )
+            got = await self._outputs.get(str(result.output_ref))
+        except Exception as exc:
+            err = from_nats(exc)
+            log.warning("output unreadable job=%s index=%d error=%s", result.job, result.index, err)
+            return attrs.evolve(
+                result,
+                ok=False,
+                error_kind=ErrorKind.INVALID_MESSAGE,
+                error=f"output {result.output_ref} not readable from the outputs store: {err}",
+            )
+        return attrs.evolve(result, output=bytes(got.data or b""))
 
     def add(self, result: ChunkResult) -> None:
         """Fold one result in, unless this chunk already has one."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
@@ -48,3 +49,19 @@ class Registry(Mapping[str, Kernel]):
         merged = dict(self._kernels)
         merged.update((k.name, k) for k in kernels)
         return Registry(merged)
+
+
+def load_registry(base: Registry, modules: Iterable[str]) -> Registry:
+    """`base` plus the `KERNELS` iterable of each module, imported by name.
+
+    Raises:
+        ValueError: a module has no `KERNELS` iterable of Kernel.
+        ImportError: a module does not import.
+    """
+    registry = base
+    for name in modules:
+        kernels = getattr(importlib.import_module(name), "KERNELS", None)
+        if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
+            raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
+        registry = registry.with_kernels(kernels)
+    return registry

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import signal
 import sys
@@ -18,7 +17,8 @@ from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import Disconnected
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
-from vramfabric.kernels import Kernel, Registry, builtin_registry
+from vramfabric.kernels import builtin_registry
+from vramfabric.kernels.registry import load_registry
 
 from .agent import Agent
 from .settings import WorkerSettings
@@ -46,6 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="import MODULE and register its KERNELS (repeatable)",
     )
     parser.add_argument(
+        "--allow-code",
+        action="store_true",
+        default=None,
+        help="run tenants' Python callables (code execution on this node: see operations.md)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        help="executor per GPU and tenant with a thread per lease (default), or per lease",
+    )
+    parser.add_argument(
+        "--chunk-timeout-s", type=float, help="deadline of a chunk whose job sets none"
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 0 if this node's advert is fresh in KV, else 1"
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -65,18 +79,17 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         changes["heartbeat_s"] = args.heartbeat_s
     if args.metrics_port:
         changes["metrics_port"] = args.metrics_port
+    if args.allow_code:
+        changes["allow_code"] = True
+    if args.isolation:
+        changes["isolation"] = args.isolation
+    if args.chunk_timeout_s:
+        changes["chunk_timeout_s"] = args.chunk_timeout_s
+    if args.kernel_module:
+        # Imported here too, so a bad module fails the start rather than every chunk.
+        load_registry(builtin_registry(), args.kernel_module)
+        changes["kernel_modules"] = tuple(args.kernel_module)
     return attrs.evolve(settings, **changes)  # type: ignore[arg-type]
-
-
-def load_registry(modules: list[str]) -> Registry:
-    """The built-in kernels plus each module's `KERNELS` iterable."""
-    registry = builtin_registry()
-    for name in modules:
-        kernels = getattr(importlib.import_module(name), "KERNELS", None)
-        if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
-            raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
-        registry = registry.with_kernels(kernels)
-    return registry
 
 
 async def check(broker: BrokerSettings, node: str) -> int:
@@ -108,10 +121,10 @@ async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
             await asyncio.sleep(1.0)  # retry pause before the next connect
 
 
-async def serve(broker: BrokerSettings, settings: WorkerSettings, registry: Registry) -> int:
+async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
     """Run the agent until a stop signal; drain on SIGTERM."""
     conn = await connect_patiently(broker, f"worker-{settings.node}")
-    agent = Agent(broker, settings, conn, registry=registry)
+    agent = Agent(broker, settings, conn)
     try:
         await agent.start()
         if settings.metrics_port:
@@ -150,7 +163,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         broker = BrokerSettings.from_env()
         settings = worker_settings(args)
-        registry = load_registry(args.kernel_module)
     except (ValueError, ImportError) as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_USAGE
@@ -159,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.node:
                 raise ValueError("--check needs --node NAME (the node to check)")
             return asyncio.run(check(broker, settings.node))
-        return asyncio.run(serve(broker, settings, registry))
+        return asyncio.run(serve(broker, settings))
     except Disconnected as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_CONNECT

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 from nats.js.kv import KeyValue
@@ -35,7 +36,10 @@ class Heartbeat:
     ledger: SliceLedger
     metrics: WorkerMetrics
     heartbeat_s: float
-    on_reaped: Callable[[list[Lease]], None]
+    # Called on every beat with the leases that expired since the last one (maybe none).
+    on_beat: Callable[[list[Lease]], None]
+    # Node facts beside the ledger's (`python`, `allow_code`), carried in every advert.
+    facts: Mapping[str, Any] = attrs.field(factory=dict)
     _poked: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _running: bool = attrs.field(default=True, init=False)
 
@@ -68,15 +72,14 @@ class Heartbeat:
 
     async def beat(self) -> None:
         """Reap, then publish one advert."""
-        now = time.time()
-        expired = self.ledger.reap(now)
+        expired = self.ledger.reap(time.monotonic())
+        self.on_beat(expired)
         if expired:
             log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
-            self.on_reaped(expired)
             await self._event("expired", expired[0].tenant, len(expired))
         self.metrics.leases_active.set(len(self.ledger))
         self.metrics.vram_allocated_bytes.set(self.ledger.leased_bytes)
-        data = encode(self.ledger.advert(now))
+        data = encode(attrs.evolve(self.ledger.advert(time.time()), **self.facts))
         try:
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
             await self.kv.put(self.ledger.node, data)

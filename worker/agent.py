@@ -1,4 +1,5 @@
-"""Agent: the node agent. Wires GPUs, ledger, lease service, heartbeat and per-job pullers."""
+"""Agent: the node agent. Wires GPUs, ledger, lease service, heartbeat, per-job pullers and
+the executor processes that run the chunks (the agent itself never runs users' work)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, from_nats
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.kernels import Registry, builtin_registry
+from vramfabric.kernels.code import python_version
 
 from .adverts import Heartbeat
-from .backends import Backend, CupyBackend, NumpyBackend
 from .execute import ChunkRunner
 from .gpus import GpuSpec, discover_nvml, parse_simulate
 from .lease_service import LeaseService
@@ -28,6 +28,9 @@ from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .puller import JobPuller
 from .settings import WorkerSettings
+from .slots import ExecutorPool
+from .store import ChunkStore
+from .work import WorkLoader
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +54,10 @@ class Agent:
     broker: BrokerSettings
     settings: WorkerSettings
     conn: Connection
-    registry: Registry = attrs.field(factory=builtin_registry)
     metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
     ledger: SliceLedger = attrs.field(init=False)
-    _backend: Backend = attrs.field(init=False)
+    executors: ExecutorPool = attrs.field(init=False)
+    _runner: ChunkRunner = attrs.field(init=False)
     _heartbeat: Heartbeat = attrs.field(init=False)
     _jobs_kv: KeyValue = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
@@ -77,10 +80,18 @@ class Agent:
         self.ledger = SliceLedger(
             self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
         )
-        self._backend = NumpyBackend() if gpus[0].simulated else CupyBackend()
+        self.executors = ExecutorPool(self.settings, gpus)
         js = self.conn.js
         self._jobs_kv = await topology.jobs_bucket(js, self.broker)
         nodes_kv = await topology.nodes_bucket(js, self.broker)
+        self._runner = ChunkRunner(
+            self.settings,
+            self.ledger,
+            self.executors,
+            WorkLoader(await topology.kernels_store(js, self.broker)),
+            ChunkStore(js, self.broker),
+            simulated=gpus[0].simulated,
+        )
         subjects = self.broker.subjects
         self._heartbeat = Heartbeat(
             self.conn,
@@ -89,7 +100,8 @@ class Agent:
             self.ledger,
             self.metrics,
             self.settings.heartbeat_s,
-            on_reaped=self._on_reaped,
+            on_beat=self._on_beat,
+            facts={"python": python_version(), "allow_code": self.settings.allow_code},
         )
         service = LeaseService(
             subjects,
@@ -107,10 +119,11 @@ class Agent:
         await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(
-            "agent started node=%s gpus=%d backend=%s slices=%d",
+            "agent started node=%s gpus=%d simulated=%s isolation=%s slices=%d",
             self.settings.node,
             len(gpus),
-            self._backend.name,
+            gpus[0].simulated,
+            self.settings.isolation,
             self.ledger.advert(time.time()).free_slices(self.settings.slice_bytes),
         )
 
@@ -122,6 +135,10 @@ class Agent:
     def _on_change(self, tenant: str, job: str) -> None:
         self._heartbeat.poke()
         key = (tenant, job)
+        if not self._stopping:
+            # Start the slots' executors while the coordinator is still submitting.
+            for exec_key in {self.executors.key_of(x) for x in self.ledger.leases_of(*key)}:
+                self.executors.warm(exec_key)
         puller = self._pullers.get(key)
         if puller is not None:
             puller.leases_changed()
@@ -129,9 +146,11 @@ class Agent:
             self._starting.add(key)
             self._spawn(self._run_puller(key))
 
-    def _on_reaped(self, expired: list[Lease]) -> None:
+    def _on_beat(self, expired: list[Lease]) -> None:
         for key in {(lease.tenant, lease.job) for lease in expired}:
             self._on_change(*key)
+        live = {self.executors.key_of(lease) for lease in self.ledger.holding()}
+        self.executors.reap(live, time.monotonic())
 
     async def _run_puller(self, key: JobKey) -> None:
         try:
@@ -146,7 +165,7 @@ class Agent:
             self.settings,
             spec,
             self.ledger,
-            ChunkRunner(self.registry, self._backend, self.settings.node),
+            self._runner,
             self.metrics,
         )
         self._pullers[key] = puller
@@ -198,6 +217,8 @@ class Agent:
         for puller, done in zip(pullers, idle, strict=True):
             if not done:
                 await puller.abandon()
+        # Whatever still runs is killed: a drain is bounded, whatever the kernels do.
+        await self.executors.close()
         self._heartbeat.stop()
         for task in list(self._tasks):
             task.cancel()
@@ -211,5 +232,4 @@ class Agent:
                 log.warning(
                     "advert delete failed node=%s error=%s", self.settings.node, from_nats(exc)
                 )
-        self._backend.close()
         log.info("agent stopped node=%s released=%d", self.settings.node, len(released))

@@ -1,4 +1,9 @@
-"""Run one chunk on a backend and turn any outcome into a ChunkResult."""
+"""ChunkRunner: run one chunk on its lease's slot and turn the outcome into a ChunkResult.
+
+The slot is held (its VRAM kept out of the pool) from the moment the chunk starts until it
+ends, whatever ends it. The work runs in an executor process under the chunk's deadline; a
+checkpoint of an earlier delivery is handed back in; a large output goes to the object store.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,14 @@ import traceback
 
 import attrs
 
-from vramfabric.broker.errors import ErrorKind, VramfabricError
+from vramfabric.broker.errors import ChunkFailed, ErrorKind, VramfabricError
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
-from vramfabric.kernels import Registry
 
-from .backends import Backend, lookup
+from .ledger import SliceLedger
+from .settings import WorkerSettings
+from .slots import ExecutorPool
+from .store import ChunkStore
+from .work import WorkLoader, refusal
 
 log = logging.getLogger(__name__)
 
@@ -21,36 +29,84 @@ _MAX_ERROR_CHARS = 2000
 
 @attrs.define
 class ChunkRunner:
-    """Executes chunks of any job on this node's backend, with the node's kernel registry."""
+    """Executes chunks of any job on this node's executors."""
 
-    registry: Registry
-    backend: Backend
-    node: str
+    settings: WorkerSettings
+    ledger: SliceLedger
+    pool: ExecutorPool
+    loader: WorkLoader
+    store: ChunkStore
+    simulated: bool
+    # Chunks that checkpointed or resumed here: their checkpoint goes when their result is in.
+    _checkpointed: set[tuple[str, str, int]] = attrs.field(factory=set, init=False)
 
-    async def run(self, spec: JobSpec, chunk: Chunk, lease: Lease) -> bytes:
-        """Run the job's kernel on the chunk within the lease's slice.
+    @property
+    def node(self) -> str:
+        """This node's name."""
+        return self.settings.node
+
+    async def run(self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int) -> ChunkResult:
+        """Run the chunk on the lease's slot; return its ok result.
 
         Raises:
-            VramfabricError: KernelNotFound, KernelLaunchFailed, SliceVramExceeded, ...
+            VramfabricError: CodeRefused, ChunkTimeout, ExecutorCrashed, ChunkFailed, ...
         """
-        kernel = lookup(self.registry, spec.kernel, spec.kernel_digest)
-        return await self.backend.run(kernel, spec.args, chunk.input, lease.gpu, lease.slice_bytes)
+        refused = refusal(spec, self.settings.allow_code, self.simulated)
+        if refused is not None:
+            raise refused
+        started_at = time.time()
+        self.ledger.occupy(lease.lease_id)
+        try:
+            work = await self.loader.work_of(spec)
+            key = (spec.tenant, spec.job_id, chunk.index)
+            resumed = None
+            if attempt > 1:
+                resumed = await self.store.load_checkpoint(*key)
+                if resumed is not None:
+                    self._checkpointed.add(key)
+            frame = {
+                "args": dict(spec.args),
+                "input": chunk.input,
+                "attempt": attempt,
+                "job": spec.job_id,
+                "index": chunk.index,
+                "resumed": resumed,
+            }
 
-    def ok(
-        self, job: str, index: int, output: bytes, attempt: int, lease_id: str, started_at: float
-    ) -> ChunkResult:
-        """A successful result."""
+            async def save(state: bytes) -> None:
+                await self.store.save_checkpoint(*key, state)
+                self._checkpointed.add(key)
+
+            timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
+            output = await self.pool.run(lease, work, frame, timeout_s, save)
+        finally:
+            self.ledger.vacate(lease.lease_id)
+        ref = None
+        if len(output) > self.settings.inline_output_bytes:
+            ref = await self.store.put_output(spec.tenant, spec.job_id, chunk.index, output)
         return ChunkResult(
-            job=job,
-            index=index,
+            job=spec.job_id,
+            index=chunk.index,
             ok=True,
-            output=output,
+            output=None if ref else output,
+            output_ref=ref,
             attempt=attempt,
             node=self.node,
-            lease_id=lease_id,
+            lease_id=lease.lease_id,
             started_at=started_at,
             elapsed_s=time.time() - started_at,
         )
+
+    async def forget_checkpoint(self, tenant: str, job: str, index: int) -> None:
+        """Delete the chunk's checkpoint once its result is stored (best effort)."""
+        key = (tenant, job, index)
+        if key not in self._checkpointed:
+            return
+        self._checkpointed.discard(key)
+        try:
+            await self.store.delete_checkpoint(*key)
+        except VramfabricError as exc:
+            log.warning("checkpoint not deleted job=%s index=%d error=%s", job, index, exc)
 
     def failed(
         self,
@@ -62,7 +118,9 @@ class ChunkRunner:
         started_at: float,
     ) -> ChunkResult:
         """A failed result naming the error's kind; unexpected errors carry a traceback tail."""
-        if isinstance(exc, VramfabricError):
+        if isinstance(exc, ChunkFailed):
+            kind, message = exc.error_kind, str(exc)
+        elif isinstance(exc, VramfabricError):
             kind, message = exc.kind, str(exc)
         else:
             # Unexpected exceptions are permanent: logged once here, where they become a result.

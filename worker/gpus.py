@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import attrs
@@ -16,12 +17,18 @@ _SIMULATE = re.compile(r"^\s*(\d+)\s*[xX]\s*(.+)$")
 
 @attrs.frozen
 class GpuSpec:
-    """A GPU as the worker found it: index, model, total VRAM, and whether it is real."""
+    """A GPU as the worker found it: index, model, total VRAM, and whether it is real.
+
+    `uuid` pins the device for its executors (`CUDA_VISIBLE_DEVICES`), and `cpus` are the
+    cores local to its NUMA node, which its executors are bound to (empty: no binding).
+    """
 
     index: int
     model: str
     total_bytes: int
     simulated: bool = True
+    uuid: str = ""
+    cpus: tuple[int, ...] = ()
 
 
 def parse_simulate(spec: str) -> tuple[GpuSpec, ...]:
@@ -51,8 +58,31 @@ def discover_nvml() -> tuple[GpuSpec, ...]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(handle)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
             total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            gpus.append(GpuSpec(i, name if isinstance(name, str) else name.decode(), total, False))
+            gpus.append(
+                GpuSpec(
+                    i,
+                    name if isinstance(name, str) else name.decode(),
+                    total,
+                    simulated=False,
+                    uuid=uuid if isinstance(uuid, str) else uuid.decode(),
+                    cpus=_local_cpus(pynvml, handle),
+                )
+            )
         return tuple(gpus)
     finally:
         pynvml.nvmlShutdown()
+
+
+def _local_cpus(pynvml: object, handle: object) -> tuple[int, ...]:
+    """The cores NVML calls close to the GPU, within this process's allowed set."""
+    allowed = os.sched_getaffinity(0)
+    words = (max(allowed) // 64) + 1
+    try:
+        masks = pynvml.nvmlDeviceGetCpuAffinity(handle, words)  # type: ignore[attr-defined]
+    except Exception as exc:  # NVMLError_NotSupported on some boards and in containers
+        log.info("no cpu affinity from nvml error=%s", exc)
+        return ()
+    cpus = {w * 64 + b for w, mask in enumerate(masks) for b in range(64) if mask >> b & 1}
+    return tuple(sorted(cpus & allowed))

@@ -60,7 +60,11 @@ class ChunkHandler:
         return self.spec.job_id
 
     async def handle(self, msg: Msg, lease_id: str) -> None:
-        """Run one chunk on `lease_id`; never raises (a chunk must not kill its puller)."""
+        """Run one chunk on `lease_id`; never raises (a chunk must not kill its puller).
+
+        A chunk that started keeps its result even if its lease ends while it runs (the
+        slot keeps the VRAM until then); a lease that has ended starts no chunk.
+        """
         started_at = time.time()
         attempt = msg.metadata.num_delivered
         keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
@@ -82,14 +86,11 @@ class ChunkHandler:
         index = chunk.index
         try:
             lease = self.ledger.get(lease_id)
-            if lease is None:
+            if lease is None or not self.ledger.is_live(lease_id, time.monotonic()):
                 raise LeaseExpired(lease_id)
             self.metrics.submit_total.inc()
-            output = await self.runner.run(self.spec, chunk, lease)
+            result = await self.runner.run(self.spec, chunk, lease, attempt)
             self.metrics.chunk_seconds.observe(time.time() - started_at)
-            if not self.ledger.is_live(lease_id, time.time()):
-                raise LeaseExpired(lease_id)
-            result = self.runner.ok(self.job, index, output, attempt, lease_id, started_at)
         except TransientError as exc:
             if attempt < self.spec.retry.max_deliver:
                 log.warning(
@@ -138,6 +139,7 @@ class ChunkHandler:
         # The result is stored before the work message is acked (at-least-once, nothing lost).
         await (msg.ack() if result.ok else msg.term())
         self.metrics.chunks_done_total.inc()
+        await self.runner.forget_checkpoint(self.spec.tenant, self.job, result.index)
 
     async def _publish_patiently(self, result: ChunkResult) -> None:
         # While the results stream elects a leader, keep the computed result and retry,

@@ -71,10 +71,11 @@ class LeaseService:
             await self.publish(self.subjects.event(event.kind), encode(event))
 
     def _serve(self, tenant: str, op: str, data: bytes) -> LeaseGrant | RenewReply | ReleaseReply:
-        now = time.time()
+        # Expiry runs on the monotonic clock; the wall clock only dates `expires_at`.
+        now, wall = time.monotonic(), time.time()
         if op == "acquire":
             req = decode(LeaseRequest, data)
-            grant = self.ledger.grant(req, tenant, now)
+            grant = self.ledger.grant(req, tenant, now, wall)
             log.debug(
                 "lease request job=%s count=%d granted=%d", req.job, req.count, len(grant.leases)
             )
@@ -83,7 +84,7 @@ class LeaseService:
             return grant
         if op == "renew":
             renew = decode(RenewRequest, data)
-            return self.ledger.renew(renew.lease_ids, tenant, renew.ttl_s, now)
+            return self.ledger.renew(renew.lease_ids, tenant, renew.ttl_s, now, wall)
         release = decode(ReleaseRequest, data)
         jobs = {
             (lease.tenant, lease.job) for i in release.lease_ids if (lease := self.ledger.get(i))

@@ -1,4 +1,10 @@
-"""SliceLedger: the node's only truth about its VRAM. Pure: no I/O, time is passed in."""
+"""SliceLedger: the node's only truth about its VRAM. Pure: no I/O, time is passed in.
+
+Expiry runs on the node's monotonic clock (`now`); the unix `expires_at` in a lease is for
+its holder to read. A lease that is released or expires while its slot runs a chunk stops
+being renewable and usable at once, but its VRAM returns to the pool only when the slot is
+idle again (`vacate`): until then no other lease can be granted on that memory.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +46,19 @@ class SliceLedger:
     _unhealthy: set[int] = attrs.field(factory=set, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
+    # Monotonic expiry per lease id.
+    _deadline: dict[str, float] = attrs.field(factory=dict, init=False)
+    # Leases whose slot runs a chunk now, and those of them already released or expired.
+    _busy: set[str] = attrs.field(factory=set, init=False)
+    _retiring: dict[str, Lease] = attrs.field(factory=dict, init=False)
 
-    def grant(self, req: LeaseRequest, tenant: str, now: float) -> LeaseGrant:
-        """Grant up to `req.count` slices, filling one GPU before the next (pack)."""
+    def grant(
+        self, req: LeaseRequest, tenant: str, now: float, wall: float | None = None
+    ) -> LeaseGrant:
+        """Grant up to `req.count` slices, filling one GPU before the next (pack).
+
+        `now` is the monotonic clock; `wall` (default `now`) the unix time for `expires_at`.
+        """
         owner, ids = self._requests.get(req.request_id, (tenant, ()))
         if owner != tenant:
             # Never hand one tenant's leases (or their ids) to another.
@@ -51,7 +67,8 @@ class SliceLedger:
             held = tuple(self._leases[i] for i in ids if i in self._leases)
             return LeaseGrant(node=self.node, leases=held)
         need = round_up(req.slice_bytes, self.granule_bytes)
-        expires_at = now + min(req.ttl_s, self.max_ttl_s)
+        ttl_s = min(req.ttl_s, self.max_ttl_s)
+        expires_at = (now if wall is None else wall) + ttl_s
         granted: list[Lease] = []
         for gpu in self.gpus:
             if gpu.index in self._unhealthy:
@@ -68,6 +85,7 @@ class SliceLedger:
                     expires_at=expires_at,
                 )
                 self._leases[lease.lease_id] = lease
+                self._deadline[lease.lease_id] = now + ttl_s
                 self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
                 self._used[gpu.index] = self._used.get(gpu.index, 0) + need
                 granted.append(lease)
@@ -80,17 +98,26 @@ class SliceLedger:
         self._requests[req.request_id] = (tenant, tuple(lease.lease_id for lease in granted))
         return LeaseGrant(node=self.node, leases=tuple(granted))
 
-    def renew(self, lease_ids: Iterable[str], tenant: str, ttl_s: float, now: float) -> RenewReply:
+    def renew(
+        self,
+        lease_ids: Iterable[str],
+        tenant: str,
+        ttl_s: float,
+        now: float,
+        wall: float | None = None,
+    ) -> RenewReply:
         """Extend the tenant's live leases to `now + ttl_s`; others are reported unknown."""
-        expires_at = now + min(ttl_s, self.max_ttl_s)
+        ttl_s = min(ttl_s, self.max_ttl_s)
+        expires_at = (now if wall is None else wall) + ttl_s
         renewed: dict[str, float] = {}
         unknown: list[str] = []
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
-            if lease is None or lease.tenant != tenant or lease.expired(now):
+            if lease is None or lease.tenant != tenant or not self.is_live(lease_id, now):
                 unknown.append(lease_id)
                 continue
             self._leases[lease_id] = attrs.evolve(lease, expires_at=expires_at)
+            self._deadline[lease_id] = now + ttl_s
             renewed[lease_id] = expires_at
         return RenewReply(expires_at=renewed, unknown=tuple(unknown))
 
@@ -109,18 +136,25 @@ class SliceLedger:
 
     def reap(self, now: float) -> list[Lease]:
         """Remove every lease past its expiry and return them."""
-        expired = [lease for lease in self._leases.values() if lease.expired(now)]
+        expired = [
+            lease for lease in self._leases.values() if self._deadline[lease.lease_id] <= now
+        ]
         for lease in expired:
             self._drop(lease)
         return expired
 
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.lease_id]
+        del self._deadline[lease.lease_id]
         ids_of_job = self._by_job[(lease.tenant, lease.job)]
         ids_of_job.discard(lease.lease_id)
         if not ids_of_job:
             del self._by_job[(lease.tenant, lease.job)]
-        self._used[lease.gpu] -= lease.slice_bytes
+        if lease.lease_id in self._busy:
+            # Its slot still runs a chunk: the VRAM comes back when the slot is idle.
+            self._retiring[lease.lease_id] = lease
+        else:
+            self._used[lease.gpu] -= lease.slice_bytes
         # Forget the request once all its leases are gone, so the map cannot grow forever.
         request_id = lease.lease_id.rsplit("-", 1)[0]
         _owner, ids = self._requests.get(request_id, ("", ()))
@@ -128,9 +162,28 @@ class SliceLedger:
             self._requests.pop(request_id, None)
 
     def is_live(self, lease_id: str, now: float) -> bool:
-        """Whether the lease is held and not past its expiry."""
-        lease = self._leases.get(lease_id)
-        return lease is not None and not lease.expired(now)
+        """Whether the lease is held and not past its (monotonic) expiry."""
+        deadline = self._deadline.get(lease_id)
+        return deadline is not None and now < deadline
+
+    def occupy(self, lease_id: str) -> None:
+        """Mark the lease's slot as running a chunk."""
+        self._busy.add(lease_id)
+
+    def vacate(self, lease_id: str) -> None:
+        """Mark the slot idle; a lease released or expired meanwhile gives its VRAM back now."""
+        self._busy.discard(lease_id)
+        lease = self._retiring.pop(lease_id, None)
+        if lease is not None:
+            self._used[lease.gpu] -= lease.slice_bytes
+
+    def holding(self) -> list[Lease]:
+        """Every lease that holds VRAM: the live ones and those whose slot still runs."""
+        return [*self._leases.values(), *self._retiring.values()]
+
+    def busy(self, lease_id: str) -> bool:
+        """Whether the lease's slot is running a chunk."""
+        return lease_id in self._busy
 
     def leases_of(self, tenant: str, job: str) -> list[Lease]:
         """The leases held for one job of one tenant."""
@@ -155,7 +208,7 @@ class SliceLedger:
     def advert(self, now: float) -> NodeAdvert:
         """The node's advert: per-GPU free and leased bytes and per-tenant usage."""
         tenants: Counter[str] = Counter()
-        for lease in self._leases.values():
+        for lease in self.holding():
             tenants[lease.tenant] += lease.slice_bytes
         gpus = tuple(
             GpuState(

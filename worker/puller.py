@@ -232,7 +232,7 @@ class JobPuller:
             await self.handler.handle(msg, lease_id)
         finally:
             self._busy.discard(lease_id)
-            if self.ledger.is_live(lease_id, time.time()):
+            if self.ledger.is_live(lease_id, time.monotonic()):
                 self._free.append(lease_id)
             self._dispatch()
             self._wake.set()

@@ -12,6 +12,8 @@ import attrs
 from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
+ISOLATIONS = ("thread", "process")
+
 
 def default_node_name() -> str:
     """A node name unique per process: host name plus a short random suffix."""
@@ -24,6 +26,10 @@ class WorkerSettings:
     """How one node agent serves its GPUs.
 
     `simulate` (e.g. `4x48GiB`) replaces NVML discovery with simulated GPUs run on NumPy.
+    `isolation` is `thread` (one executor process per GPU and tenant, a thread per lease) or
+    `process` (one executor process per lease). `allow_code` lets tenants' Python callables
+    run on this node. `chunk_timeout_s` is the deadline of a chunk whose job sets none.
+    Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
     """
 
     node: str = attrs.field(factory=default_node_name, validator=lambda _i, _a, v: token(v, "node"))
@@ -34,6 +40,15 @@ class WorkerSettings:
     drain_grace_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0))
     pull_expires_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(1.0))
     max_inflight: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
+    isolation: str = attrs.field(default="thread", validator=attrs.validators.in_(ISOLATIONS))
+    allow_code: bool = False
+    chunk_timeout_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
+    # An executor no lease needs is stopped after this long idle.
+    executor_idle_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    inline_output_bytes: int = attrs.field(
+        default=256 * 2**10, validator=[attrs.validators.gt(0), attrs.validators.le(512 * 2**10)]
+    )
+    kernel_modules: tuple[str, ...] = ()
     metrics_port: int | None = None
     # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
@@ -50,11 +65,26 @@ class WorkerSettings:
             kwargs["slice_bytes"] = env_size(environ, "VRAMFABRIC_SLICE", 0)
         if environ.get("VRAMFABRIC_METRICS_ADDR"):
             kwargs["metrics_addr"] = environ["VRAMFABRIC_METRICS_ADDR"]
+        if environ.get("VRAMFABRIC_ISOLATION"):
+            kwargs["isolation"] = environ["VRAMFABRIC_ISOLATION"]
+        if environ.get("VRAMFABRIC_ALLOW_CODE"):
+            kwargs["allow_code"] = _flag(environ, "VRAMFABRIC_ALLOW_CODE")
         if environ.get("VRAMFABRIC_METRICS_PORT"):
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
             heartbeat_s=env_float(environ, "VRAMFABRIC_HEARTBEAT_S", 1.0),
             max_ttl_s=env_float(environ, "VRAMFABRIC_MAX_TTL_S", 3600.0),
             drain_grace_s=env_float(environ, "VRAMFABRIC_DRAIN_GRACE_S", 10.0),
+            chunk_timeout_s=env_float(environ, "VRAMFABRIC_CHUNK_TIMEOUT_S", 3600.0),
             **kwargs,  # type: ignore[arg-type]
         )
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    """Read a yes/no variable (1/0, true/false, yes/no), naming it in the error."""
+    raw = environ[name].strip().lower()
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}={environ[name]!r} is not a yes/no value (1/0, true/false)")

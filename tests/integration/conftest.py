@@ -13,11 +13,9 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
 from tests.helpers import eventually
-from tests.kernels_for_tests import KERNELS
 from vramfabric.broker import BrokerSettings, connect
 from vramfabric.coordinator import CoordinatorSettings, Fabric
 from vramfabric.coordinator.local import LocalFleet
-from vramfabric.kernels import builtin_registry
 from vramfabric.worker import Agent, WorkerSettings
 
 
@@ -48,14 +46,10 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
             slice_bytes=slice_bytes,
             heartbeat_s=0.2,
             drain_grace_s=1.0,
+            kernel_modules=("tests.kernels_for_tests",),
             **kw,
         )  # type: ignore[arg-type]
-        agent = Agent(
-            broker,
-            settings,
-            await connect(broker, name=node),
-            registry=builtin_registry().with_kernels(KERNELS),
-        )
+        agent = Agent(broker, settings, await connect(broker, name=node))
         await agent.start()
         agents.append(agent)
         await eventually(

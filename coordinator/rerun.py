@@ -1,0 +1,83 @@
+"""Rerunning the failed chunks of a job: find them in the results stream and reopen them.
+
+The results stream keeps the first result of each chunk for good, so a failed or exhausted
+chunk is final for its job id. `Fabric.run(job, retry_failed=True)` reads the job's stored
+results, purges the failed ones (which reopens their subjects), and submits those chunks
+again under fresh message ids (the work stream's dedup window would swallow the old ones).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from vramfabric.broker.codec import decode
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+_BATCH = 1000
+
+
+async def failed_chunks(
+    conn: Connection, broker: BrokerSettings, spec: JobSpec, n_stored: int
+) -> list[int]:
+    """Indices of the job's chunks whose stored result is a failure (of `n_stored` results)."""
+    if n_stored == 0:
+        return []
+    s = broker.subjects
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.NONE,
+        deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold=30.0,
+    )
+    try:
+        sub = await conn.js.pull_subscribe(
+            s.result_filter(spec.tenant, spec.job_id),
+            stream=s.results_stream(spec.tenant),
+            config=config,
+        )
+    except Exception as exc:
+        raise from_nats(exc) from exc
+    failed: list[int] = []
+    seen = 0
+    try:
+        while seen < n_stored:
+            try:
+                msgs = await sub.fetch(_BATCH, timeout=broker.request_timeout_s)
+            except Exception as exc:
+                raise from_nats(exc) from exc
+            seen += len(msgs)
+            failed += [i for m in msgs if (i := _failed_index(m.data, m.subject)) is not None]
+    finally:
+        await sub.unsubscribe()
+    return sorted(i for i in set(failed) if i < spec.n_chunks)
+
+
+def _failed_index(data: bytes, subject: str) -> int | None:
+    tail = subject.rpartition(".")[2]
+    index = int(tail) if tail.isdigit() else None
+    try:
+        result = decode(ChunkResult, data)
+    except InvalidMessage:
+        return index  # recorded as failed (invalid_message) when aggregated
+    return None if result.ok else index
+
+
+async def reopen(
+    conn: Connection, broker: BrokerSettings, spec: JobSpec, indices: list[int]
+) -> None:
+    """Purge the stored results of these chunks, so new results can be recorded."""
+    s = broker.subjects
+    stream = s.results_stream(spec.tenant)
+    for index in indices:
+        try:
+            await conn.js.purge_stream(stream, subject=s.result(spec.tenant, spec.job_id, index))
+        except Exception as exc:
+            raise from_nats(exc) from exc
+    if indices:
+        log.info("failed chunks reopened job=%s count=%d", spec.job_id, len(indices))

@@ -1,0 +1,101 @@
+"""JobWork: what a Job runs, as the coordinator ships it: a registered kernel by name, or a
+Python callable or CUDA kernel uploaded to the kernels object store by digest."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import nats.js.errors
+from nats.js.object_store import ObjectStore
+
+from vramfabric.broker.errors import from_nats
+from vramfabric.kernels import Kernel
+from vramfabric.kernels.code import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    PythonCode,
+    encode_input,
+    python_version,
+)
+from vramfabric.kernels.cuda import CudaKernel
+
+log = logging.getLogger(__name__)
+
+# What `Job.kernel` may be.
+Work = Kernel | CudaKernel | Callable[..., Any]
+
+
+@attrs.frozen
+class JobWork:
+    """A job's work on the wire: kind, name, digest, blob to upload, output dtype, input limit."""
+
+    kind: str
+    name: str
+    digest: str
+    output_dtype: str
+    max_input_bytes: int
+    blob: bytes | None = None
+    python: str = ""
+
+    def encode_inputs(self, inputs: Sequence[Any]) -> list[bytes]:
+        """Chunk inputs as bytes: pickled for callables, as given (bytes) for kernels.
+
+        Raises:
+            TypeError: a kernel's input is not bytes, or a callable's is not picklable.
+        """
+        if self.kind == "python":
+            return [encode_input(x) for x in inputs]
+        for i, data in enumerate(inputs):
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise TypeError(
+                    f"chunk {i}: a kernel's input must be bytes, got {type(data).__name__} "
+                    "(pass a Python function to send objects)"
+                )
+        return [bytes(x) for x in inputs]
+
+
+def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> JobWork:
+    """Describe a kernel, a CUDA kernel or a callable for shipping.
+
+    Raises:
+        TypeError: `work` is none of these, or a callable that cannot be pickled.
+    """
+    if isinstance(work, Kernel):
+        return JobWork("builtin", work.name, work.digest, work.output_dtype, work.max_input_bytes)
+    if isinstance(work, CudaKernel):
+        return JobWork(
+            "cuda",
+            work.name,
+            work.digest,
+            work.output_dtype,
+            work.max_input_bytes,
+            blob=work.to_blob(),
+        )
+    code = PythonCode.of(work, max_output_bytes)
+    blob = code.to_blob()
+    return JobWork(
+        "python", code.name[:200], code.digest, "pickle", 2**63, blob=blob, python=python_version()
+    )
+
+
+async def upload(store: ObjectStore, work: JobWork) -> bool:
+    """Put the work's blob in the kernels store unless it is there; True if it was put."""
+    if work.blob is None:
+        return False
+    try:
+        await store.get_info(work.digest)
+        return False
+    except nats.js.errors.NotFoundError:
+        pass
+    except Exception as exc:
+        raise from_nats(exc) from exc
+    try:
+        await store.put(work.digest, work.blob)
+    except Exception as exc:
+        raise from_nats(exc) from exc
+    log.info(
+        "work uploaded kind=%s digest=%s bytes=%d", work.kind, work.digest[:12], len(work.blob)
+    )
+    return True

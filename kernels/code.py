@@ -1,0 +1,194 @@
+"""Python callables as work: a function pickled by value, run on inputs that are pickled too.
+
+`PythonCode.of(fn)` pickles `fn` with cloudpickle *by value* (its module's code travels
+along), so a function defined in a script, a notebook or a test file runs on a worker that
+cannot import it. Inputs and outputs are pickled objects; bytes are objects like any other.
+A function that names a `ctx` parameter receives a `Context`: the device, the slice size,
+the array module and `checkpoint(state)`.
+
+Unpickling runs code: only executor processes of workers started with `--allow-code` call
+`from_blob`, never the node agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pickle
+import sys
+import sysconfig
+import types
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import cloudpickle
+import msgpack
+
+from .kernel import KernelArgumentError
+
+# Outputs of a callable are capped at this by default (large ones travel by object store).
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 2**20
+
+
+# Code under these folders is installed on workers too: pickled by reference.
+_INSTALLED = tuple(
+    sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+)
+
+
+def python_version() -> str:
+    """This interpreter's `major.minor`: a pickled function runs only on the same one."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@attrs.define
+class Context:
+    """What a running callable may know and do: its device, slice, array module, checkpoints.
+
+    `device` is the GPU index as the executor process sees it (`None` on a simulated GPU);
+    `resumed` is the state of the last `checkpoint()` of an earlier delivery of this chunk,
+    or None on a fresh start.
+    """
+
+    device: int | None
+    slice_bytes: int
+    xp: types.ModuleType
+    attempt: int
+    job: str
+    index: int
+    resumed: Any = None
+    _save: Callable[[bytes], None] | None = None
+
+    def checkpoint(self, state: Any) -> None:
+        """Store `state` durably; a redelivered chunk gets it back as `ctx.resumed`."""
+        if self._save is None:
+            raise RuntimeError("checkpoints are not available in this context")
+        self._save(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@attrs.frozen
+class PythonCode:
+    """A callable ready to run: its pickled bytes, the Python it needs and its output limit."""
+
+    fn_bytes: bytes
+    python: str
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    name: str = "fn"
+
+    @classmethod
+    def of(
+        cls, fn: Callable[..., Any], max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    ) -> PythonCode:
+        """Pickle `fn` by value.
+
+        Raises:
+            TypeError: `fn` is not callable or cannot be pickled.
+        """
+        if not callable(fn):
+            raise TypeError(f"work must be a Kernel, a CudaKernel or a callable, got {fn!r}")
+        return cls(
+            fn_bytes=dumps_by_value(fn),
+            python=python_version(),
+            max_output_bytes=max_output_bytes,
+            name=getattr(fn, "__qualname__", type(fn).__name__),
+        )
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the blob: the object's name in the kernels store."""
+        return hashlib.sha256(self.to_blob()).hexdigest()
+
+    def to_blob(self) -> bytes:
+        """The bytes uploaded to the kernels object store."""
+        body = {
+            "kind": "python",
+            "name": self.name,
+            "python": self.python,
+            "max_output_bytes": self.max_output_bytes,
+            "fn": self.fn_bytes,
+        }
+        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_blob(cls, blob: bytes) -> PythonCode:
+        """Parse a blob (no code runs yet); KernelArgumentError if it is not one."""
+        try:
+            body = msgpack.unpackb(blob, raw=False)
+            if body.get("kind") != "python":
+                raise ValueError(f"kind is {body.get('kind')!r}")
+            return cls(
+                fn_bytes=bytes(body["fn"]),
+                python=str(body["python"]),
+                max_output_bytes=int(body["max_output_bytes"]),
+                name=str(body.get("name", "fn")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise KernelArgumentError(f"not a Python-code blob: {exc}") from None
+        except Exception as exc:  # msgpack raises assorted types for garbage
+            raise KernelArgumentError(f"not a Python-code blob: {type(exc).__name__}") from None
+
+    def load(self) -> Callable[..., Any]:
+        """Unpickle the function (this runs code from the blob)."""
+        if self.python != python_version():
+            raise KernelArgumentError(
+                f"the function was pickled on Python {self.python}; this worker runs "
+                f"{python_version()}"
+            )
+        fn = cloudpickle.loads(self.fn_bytes)
+        if not callable(fn):
+            raise KernelArgumentError(f"the blob holds {type(fn).__name__}, not a callable")
+        return fn  # type: ignore[no-any-return]
+
+    def call(self, fn: Callable[..., Any], data: bytes, ctx: Context) -> bytes:
+        """Run `fn` on the unpickled input; return the pickled output within the limit."""
+        arg = pickle.loads(data)
+        out = fn(arg, ctx=ctx) if wants_context(fn) else fn(arg)
+        blob = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(blob) > self.max_output_bytes:
+            raise KernelArgumentError(
+                f"{self.name}: output of {len(blob)} bytes exceeds "
+                f"max_output_bytes={self.max_output_bytes}"
+            )
+        return blob
+
+
+def wants_context(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` takes a `ctx` parameter."""
+    try:
+        return "ctx" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+
+
+def encode_input(value: Any) -> bytes:
+    """A chunk input of a callable job: any picklable object, bytes included."""
+    return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """cloudpickle `obj` with the module it comes from pickled by value, not by reference.
+
+    The module is registered only for this call: a worker needs neither the module nor the
+    file it lives in. `__main__` (scripts, notebooks) is by value already; installed packages
+    and the standard library stay by reference (workers have them, and they are large).
+    """
+    module_name = getattr(obj, "__module__", None) or ""
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None) or ""
+    by_value = (
+        module is not None
+        and module_name not in ("__main__", "builtins")
+        and bool(path)
+        and not path.startswith(_INSTALLED)
+        and module_name not in cloudpickle.list_registry_pickle_by_value()
+    )
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+    except Exception as exc:  # pickling fails in many ways (locks, sockets, C objects)
+        raise TypeError(f"cannot pickle {obj!r}: {type(exc).__name__}: {exc}") from None
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)

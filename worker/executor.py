@@ -1,0 +1,292 @@
+"""An executor process: runs chunks for one GPU (and one tenant) on one thread per lease.
+
+Started by the node agent (`worker/slots.py`) as `python -m vramfabric.worker.executor`.
+Frames (worker/ipc.py) come in on stdin and go out on a private copy of stdout; the real
+stdout is pointed at stderr so that a user's `print` cannot corrupt the frame stream. Each
+`run` frame runs on its own thread; on a GPU each chunk gets its own CUDA stream and a CuPy
+memory pool capped at its lease's slice. This process may crash, hang or be killed at any
+time: the agent fails its running chunks and starts another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import pickle
+import sys
+import threading
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from vramfabric.broker.errors import ErrorKind
+from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, builtin_registry
+from vramfabric.kernels.code import Context, PythonCode, python_version
+from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
+from vramfabric.kernels.registry import load_registry
+
+from . import ipc
+
+# A checkpoint is stored in a KV value: keep it well below the server's max payload.
+MAX_CHECKPOINT_BYTES = 512 * 2**10
+# How long `ctx.checkpoint()` waits for the agent to store the state.
+CHECKPOINT_TIMEOUT_S = 30.0
+# Exit code when a CUDA error may have poisoned this process's context.
+EXIT_POISONED = 70
+_TRACEBACK_FRAMES = 4
+
+
+class Failure(Exception):
+    """A chunk failed with a known kind; the message goes into its result."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Executor:
+    """The loop of one executor process."""
+
+    def __init__(self, args: argparse.Namespace, out: BinaryIO) -> None:
+        """Build the registry and the device handles for `args`."""
+        self.gpu: int | None = None if args.simulated else 0
+        self.registry = load_registry(builtin_registry(), args.kernel_module)
+        self.xp: types.ModuleType = np
+        if not args.simulated:
+            import cupy
+
+            self.xp = cupy
+        self.modules = ModuleCache()
+        self._out = out
+        self._write_lock = threading.Lock()
+        self._blobs: dict[str, bytes] = {}
+        self._loaded: dict[str, Any] = {}
+        self._load_lock = threading.Lock()
+        self._checkpoints: dict[int, tuple[threading.Event, list[str | None]]] = {}
+        # Threads are made on demand: the agent never sends more than one chunk per lease.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4096, thread_name_prefix="vf-lease"
+        )
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Write one frame to the agent (from any thread)."""
+        data = ipc.pack(frame)
+        with self._write_lock:
+            self._out.write(data)
+            self._out.flush()
+
+    def serve(self, inp: BinaryIO) -> None:
+        """Handle frames until the agent closes the pipe."""
+        self.send({"op": "ready", "python": python_version()})
+        while True:
+            header = inp.read(ipc.HEADER_BYTES)
+            if len(header) < ipc.HEADER_BYTES:
+                return
+            frame = ipc.unpack(_read_exact(inp, ipc.length_of(header)))
+            op = frame["op"]
+            if op == "load":
+                self._blobs[frame["digest"]] = frame["blob"]
+            elif op == "run":
+                self._pool.submit(self._run, frame)
+            elif op == "checkpointed":
+                waiter = self._checkpoints.get(frame["task"])
+                if waiter is not None:
+                    waiter[1].append(frame.get("error"))
+                    waiter[0].set()
+
+    def _run(self, frame: dict[str, Any]) -> None:
+        task = frame["task"]
+        try:
+            output = self._execute(frame)
+            reply: dict[str, Any] = {"op": "done", "task": task, "ok": True, "output": output}
+        except Failure as exc:
+            reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
+            reply["error"] = str(exc)
+        except Exception as exc:
+            if _is_cuda_error(exc):
+                # A CUDA error can leave the context unusable for every thread: report, then
+                # die, and the agent fails this process's other chunks and starts another.
+                self.send(
+                    {
+                        "op": "done",
+                        "task": task,
+                        "ok": False,
+                        "kind": "crashed",
+                        "error": f"CUDA error, executor restarted: {exc}",
+                    }
+                )
+                os._exit(EXIT_POISONED)
+            # Unexpected exceptions in user code are permanent: the message names the cause.
+            reply = {"op": "done", "task": task, "ok": False, "kind": ErrorKind.ERROR.value}
+            reply["error"] = _summary(exc)
+        self.send(reply)
+
+    def _execute(self, frame: dict[str, Any]) -> bytes:
+        kind, data, slice_bytes = frame["kind"], bytes(frame["input"]), frame["slice_bytes"]
+        if self.gpu is None:
+            return self._dispatch(kind, frame, data, slice_bytes, self._context(frame))
+        return self._on_gpu(kind, frame, data, slice_bytes)
+
+    def _on_gpu(self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
+        cupy = self.xp
+        pool = cupy.cuda.MemoryPool()
+        pool.set_limit(size=slice_bytes)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        # using_allocator and the current stream are per thread: this chunk's alone.
+        with cupy.cuda.Device(0), stream, cupy.cuda.using_allocator(pool.malloc):
+            try:
+                out = self._dispatch(kind, frame, data, slice_bytes, self._context(frame))
+                stream.synchronize()
+                return out
+            except cupy.cuda.memory.OutOfMemoryError as exc:
+                raise Failure(
+                    ErrorKind.VRAM_EXCEEDED,
+                    f"slice VRAM exceeded: limit_bytes={slice_bytes} ({exc})",
+                ) from None
+            finally:
+                pool.free_all_blocks()
+
+    def _dispatch(
+        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
+    ) -> bytes:
+        try:
+            if kind == "builtin":
+                return self._builtin(frame, data, slice_bytes)
+            if kind == "python":
+                code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
+                return code.call(fn, data, ctx)  # type: ignore[no-any-return]
+            if kind == "cuda":
+                return self._cuda(frame, data, slice_bytes)
+        except KernelMissing as exc:
+            raise Failure(ErrorKind.KERNEL_NOT_FOUND, str(exc.args[0])) from None
+        except KernelCompileError as exc:
+            raise Failure(ErrorKind.LOAD_FAILED, f"{exc}\n{exc.log}".strip()) from None
+        except NoReference as exc:
+            raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
+        except KernelArgumentError as exc:
+            raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
+        except MemoryError:
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}"
+            ) from None
+        raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
+
+    def _builtin(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
+        kernel: Kernel = self.registry.get_kernel(frame["name"], frame["digest"])
+        need = kernel.vram_bytes(len(data))
+        if self.gpu is None and need > slice_bytes:
+            # NumPy has no pool to cap: check the kernel's declared working set up front.
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED,
+                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
+            )
+        return kernel.run(self.xp, frame["args"], data)
+
+    def _cuda(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
+        kernel, _ = self._load(frame["digest"], CudaKernel.from_blob, None)
+        if self.gpu is not None:
+            return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
+        need = len(data) + kernel.max_output_bytes
+        if need > slice_bytes:
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED,
+                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
+            )
+        return kernel.run_reference(np, data)  # type: ignore[no-any-return]
+
+    def _load(self, digest: str, parse: Callable[[bytes], Any], method: str | None) -> Any:
+        """The parsed blob (and, for callables, the unpickled function), once per process."""
+        with self._load_lock:
+            if digest not in self._loaded:
+                blob = self._blobs.get(digest)
+                if blob is None:
+                    raise Failure(ErrorKind.LOAD_FAILED, f"blob {digest[:12]} was never loaded")
+                parsed = parse(blob)
+                self._loaded[digest] = (parsed, getattr(parsed, method)() if method else None)
+            return self._loaded[digest]
+
+    def _context(self, frame: dict[str, Any]) -> Context:
+        task = frame["task"]
+        resumed = frame.get("resumed")
+        return Context(
+            device=self.gpu,
+            slice_bytes=frame["slice_bytes"],
+            xp=self.xp,
+            attempt=frame["attempt"],
+            job=frame["job"],
+            index=frame["index"],
+            resumed=None if resumed is None else pickle.loads(resumed),
+            save=lambda state: self._checkpoint(task, state),
+        )
+
+    def _checkpoint(self, task: int, state: bytes) -> None:
+        if len(state) > MAX_CHECKPOINT_BYTES:
+            raise ValueError(
+                f"checkpoint of {len(state)} bytes exceeds {MAX_CHECKPOINT_BYTES} bytes"
+            )
+        waiter: tuple[threading.Event, list[str | None]] = (threading.Event(), [])
+        self._checkpoints[task] = waiter
+        try:
+            self.send({"op": "checkpoint", "task": task, "state": state})
+            if not waiter[0].wait(CHECKPOINT_TIMEOUT_S):
+                raise RuntimeError(f"checkpoint not stored within {CHECKPOINT_TIMEOUT_S:g} s")
+            if waiter[1][0] is not None:
+                raise RuntimeError(f"checkpoint not stored: {waiter[1][0]}")
+        finally:
+            del self._checkpoints[task]
+
+
+def _read_exact(inp: BinaryIO, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = inp.read(left)
+        if not part:
+            raise EOFError("agent closed the pipe mid-frame")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _summary(exc: BaseException) -> str:
+    """The exception and the last frames of its traceback (the user's code, usually)."""
+    tb = traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES)
+    return "".join(tb).strip()[-2000:]
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith("cupy_backends.cuda") or module.startswith("cupy.cuda")
+
+
+def _private_pipes() -> tuple[BinaryIO, BinaryIO]:
+    """Frame pipes on private descriptors; fd 0 becomes /dev/null and fd 1 goes to stderr."""
+    inp = os.fdopen(os.dup(0), "rb", buffering=0)
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    return inp, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m vramfabric.worker.executor`."""
+    parser = argparse.ArgumentParser(prog="vramfabric-executor")
+    parser.add_argument("--simulated", action="store_true")
+    parser.add_argument("--cpus", default="", help="comma-separated CPU ids to run on")
+    parser.add_argument("--kernel-module", action="append", default=[])
+    args = parser.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    inp, out = _private_pipes()
+    Executor(args, out).serve(inp)
+    # The agent is gone or done with us: do not wait for chunks that may hang.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

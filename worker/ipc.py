@@ -1,0 +1,51 @@
+"""Frames between the node agent and its executor processes: length-prefixed msgpack maps.
+
+msgpack, never pickle, in both directions: an executor runs users' code, and the agent must
+not unpickle anything such code could have written. Every frame is a map with an `op`:
+
+| op | from | fields |
+| --- | --- | --- |
+| `ready` | executor | `python` |
+| `load` | agent | `digest`, `kind` (`python` or `cuda`), `blob` |
+| `run` | agent | `task`, `kind`, `name`, `digest`, `args`, `input`, `slice_bytes`, |
+| | | `lease`, `attempt`, `job`, `index`, `resumed` |
+| `done` | executor | `task`, `ok`, `output` or `kind` + `error` |
+| `checkpoint` | executor | `task`, `state` |
+| `checkpointed` | agent | `task`, `error` (None when stored) |
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+_LENGTH = struct.Struct("<I")
+# A frame carries at most one chunk's input or output plus a little: refuse anything larger.
+MAX_FRAME_BYTES = 256 * 2**20
+
+
+def pack(frame: dict[str, Any]) -> bytes:
+    """One frame: its length, then the msgpack map."""
+    body: bytes = msgpack.packb(frame, use_bin_type=True)
+    return _LENGTH.pack(len(body)) + body
+
+
+def length_of(header: bytes) -> int:
+    """The body length a 4-byte header announces; ValueError past the frame limit."""
+    (n,) = _LENGTH.unpack(header)
+    if n > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
+    return int(n)
+
+
+def unpack(body: bytes) -> dict[str, Any]:
+    """A frame's map; ValueError if it is not one."""
+    frame = msgpack.unpackb(body, raw=False)
+    if not isinstance(frame, dict) or not isinstance(frame.get("op"), str):
+        raise ValueError("frame is not a map with an op")
+    return frame
+
+
+HEADER_BYTES = _LENGTH.size

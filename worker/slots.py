@@ -1,0 +1,331 @@
+"""ExecutorPool: the node's executor processes, which hold the execution slots of its leases.
+
+One process per (GPU, tenant) by default, with one thread per running lease; with
+`isolation="process"` one process per lease. A chunk past its deadline gets its process
+killed (the chunk fails as `timeout`, the process's other chunks as `crashed`, both
+transient); a process that dies on its own fails only its own running chunks. The next chunk
+for that key starts a fresh process. Nothing here runs users' code: it only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from vramfabric.broker.errors import (
+    ChunkFailed,
+    ChunkTimeout,
+    ErrorKind,
+    ExecutorCrashed,
+    VramfabricError,
+)
+from vramfabric.broker.messages import Lease
+from vramfabric.broker.server import die_with_parent
+
+from . import ipc
+from .gpus import GpuSpec
+from .settings import WorkerSettings
+from .work import Work
+
+log = logging.getLogger(__name__)
+
+# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU)
+ExecKey = tuple[int, str, str]
+SaveCheckpoint = Callable[[bytes], Awaitable[None]]
+# A new executor must say `ready` within this long (imports, CUDA initialisation).
+START_PATIENCE_S = 60.0
+
+
+@attrs.define
+class _Task:
+    future: asyncio.Future[bytes]
+    save: SaveCheckpoint | None
+    timer: asyncio.TimerHandle | None = None
+
+
+@attrs.define(eq=False)
+class ExecutorProcess:
+    """One executor process and the chunks it is running."""
+
+    key: ExecKey
+    proc: asyncio.subprocess.Process
+    ready: asyncio.Future[None]
+    tasks: dict[int, _Task] = attrs.field(factory=dict)
+    loaded: set[str] = attrs.field(factory=set)
+    idle_since: float = attrs.field(factory=time.monotonic)
+    # Why the process is being killed, for the chunks it takes with it.
+    doom: str = ""
+    reader: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process has not exited (nor been told to)."""
+        return self.proc.returncode is None and not self.doom
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Write one frame; ExecutorCrashed if the process is gone."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(ipc.pack(frame))
+            await stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise ExecutorCrashed(f"executor process gone: {exc}") from None
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the process; its running chunks fail with `why`."""
+        if not self.doom:
+            self.doom = why
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+
+@attrs.define
+class ExecutorPool:
+    """Starts, feeds, times out and reaps the executor processes of one node."""
+
+    settings: WorkerSettings
+    gpus: tuple[GpuSpec, ...]
+    _procs: dict[ExecKey, ExecutorProcess] = attrs.field(factory=dict, init=False)
+    _starting: dict[ExecKey, asyncio.Task[ExecutorProcess]] = attrs.field(factory=dict, init=False)
+    _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    started_total: int = attrs.field(default=0, init=False)
+
+    def __len__(self) -> int:
+        return sum(1 for p in self._procs.values() if p.alive)
+
+    def key_of(self, lease: Lease) -> ExecKey:
+        """The executor a lease's chunks run in."""
+        shared = self.settings.isolation == "thread"
+        return (lease.gpu, lease.tenant, "" if shared else lease.lease_id)
+
+    def warm(self, key: ExecKey) -> None:
+        """Start an executor now, so the first chunk of its leases does not wait for it."""
+        exe = self._procs.get(key)
+        if not self._closed and (exe is None or not exe.alive):
+            self._start_task(key)
+
+    async def run(
+        self,
+        lease: Lease,
+        work: Work,
+        frame: dict[str, Any],
+        timeout_s: float,
+        save: SaveCheckpoint | None = None,
+    ) -> bytes:
+        """Run one chunk in the lease's executor; return its output.
+
+        Raises:
+            ChunkTimeout: past `timeout_s` (the executor was killed).
+            ExecutorCrashed: the executor died while the chunk ran.
+            ChunkFailed: the chunk's work failed (a permanent kind, from the executor).
+        """
+        exe = await self._executor(self.key_of(lease))
+        if work.blob is not None and work.digest not in exe.loaded:
+            await exe.send(
+                {"op": "load", "digest": work.digest, "kind": work.kind, "blob": work.blob}
+            )
+            exe.loaded.add(work.digest)
+        task_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        task = _Task(loop.create_future(), save)
+        task.timer = loop.call_later(timeout_s, self._timed_out, exe, task_id, timeout_s)
+        exe.tasks[task_id] = task
+        try:
+            await exe.send(
+                {
+                    **frame,
+                    "op": "run",
+                    "task": task_id,
+                    "kind": work.kind,
+                    "name": work.name,
+                    "digest": work.digest,
+                    "slice_bytes": lease.slice_bytes,
+                    "lease": lease.lease_id,
+                }
+            )
+            return await task.future
+        finally:
+            task.timer.cancel()
+            exe.tasks.pop(task_id, None)
+            if not exe.tasks:
+                exe.idle_since = time.monotonic()
+
+    def _timed_out(self, exe: ExecutorProcess, task_id: int, timeout_s: float) -> None:
+        task = exe.tasks.get(task_id)
+        if task is None or task.future.done():
+            return
+        log.warning(
+            "chunk past its deadline key=%s timeout_s=%.1f: killing its executor",
+            exe.key,
+            timeout_s,
+        )
+        task.future.set_exception(ChunkTimeout(timeout_s))
+        exe.kill("executor killed: a chunk beside this one ran past its deadline")
+
+    async def _executor(self, key: ExecKey) -> ExecutorProcess:
+        exe = self._procs.get(key)
+        if exe is not None and exe.alive:
+            return exe
+        if self._closed:
+            raise ExecutorCrashed("the node is draining: no new executor")
+        # Shielded: one chunk giving up must not cancel a start other chunks wait for.
+        return await asyncio.shield(self._start_task(key))
+
+    def _start_task(self, key: ExecKey) -> asyncio.Task[ExecutorProcess]:
+        task = self._starting.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._start(key))
+            self._starting[key] = task
+            task.add_done_callback(lambda _t: self._starting.pop(key, None))
+            # A warm-up nobody awaits must not log "exception never retrieved".
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def _start(self, key: ExecKey) -> ExecutorProcess:
+        gpu = self.gpus[key[0]]
+        args: list[str] = []
+        for module in self.settings.kernel_modules:
+            args += ["--kernel-module", module]
+        env = dict(os.environ)
+        if gpu.simulated:
+            args.append("--simulated")
+        else:
+            # The process sees its GPU alone, as device 0.
+            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if gpu.cpus:
+            args += ["--cpus", ",".join(map(str, gpu.cpus))]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vramfabric.worker.executor",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
+        exe = ExecutorProcess(key, proc, asyncio.get_running_loop().create_future())
+        exe.reader = asyncio.get_running_loop().create_task(self._read(exe))
+        self._procs[key] = exe
+        self.started_total += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(exe.ready), START_PATIENCE_S)
+        except TimeoutError:
+            exe.kill("executor did not start")
+            raise ExecutorCrashed(f"executor did not start within {START_PATIENCE_S:g} s") from None
+        log.info("executor started key=%s pid=%d", key, proc.pid)
+        return exe
+
+    async def _read(self, exe: ExecutorProcess) -> None:
+        stdout = exe.proc.stdout
+        assert stdout is not None
+        try:
+            while True:
+                header = await stdout.readexactly(ipc.HEADER_BYTES)
+                frame = ipc.unpack(await stdout.readexactly(ipc.length_of(header)))
+                await self._on_frame(exe, frame)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the process is gone: see below
+        except ValueError as exc:
+            # A garbled frame: the process cannot be trusted to talk sense any more.
+            exe.kill(f"executor sent a bad frame: {exc}")
+        await self._died(exe)
+
+    async def _on_frame(self, exe: ExecutorProcess, frame: dict[str, Any]) -> None:
+        op = frame["op"]
+        if op == "ready":
+            if not exe.ready.done():
+                exe.ready.set_result(None)
+            return
+        task = exe.tasks.get(frame.get("task", -1))
+        if task is None:
+            return  # a chunk that already failed (its deadline passed)
+        if op == "done" and not task.future.done():
+            if frame.get("ok"):
+                task.future.set_result(bytes(frame["output"]))
+            else:
+                task.future.set_exception(_failure(frame))
+        elif op == "checkpoint":
+            # Stored off the read loop: the executor may finish other chunks meanwhile.
+            asyncio.get_running_loop().create_task(self._checkpoint(exe, frame, task))
+
+    async def _checkpoint(self, exe: ExecutorProcess, frame: dict[str, Any], task: _Task) -> None:
+        error: str | None = None
+        try:
+            if task.save is None:
+                raise ValueError("this chunk cannot checkpoint")
+            await task.save(bytes(frame["state"]))
+        except (VramfabricError, ValueError) as exc:
+            error = str(exc)
+        with contextlib.suppress(ExecutorCrashed):
+            await exe.send({"op": "checkpointed", "task": frame["task"], "error": error})
+
+    async def _died(self, exe: ExecutorProcess) -> None:
+        code = await exe.proc.wait()
+        why = exe.doom or f"executor process died ({_exit_reason(code)}) while running this chunk"
+        for task in list(exe.tasks.values()):
+            if not task.future.done():
+                task.future.set_exception(ExecutorCrashed(why))
+        if not exe.ready.done():
+            exe.ready.set_exception(ExecutorCrashed(why))
+            exe.ready.exception()  # retrieved: the starter reports it
+        if self._procs.get(exe.key) is exe:
+            del self._procs[exe.key]
+        level = logging.INFO if self._closed or exe.doom.startswith("idle") else logging.WARNING
+        log.log(level, "executor ended key=%s pid=%d %s", exe.key, exe.proc.pid, why)
+
+    def reap(self, live: set[ExecKey], now: float) -> int:
+        """Stop idle executors no lease needs: at once for per-lease ones, else after a while."""
+        stopped = 0
+        for key, exe in list(self._procs.items()):
+            if exe.tasks or key in live:
+                continue
+            if key[2] or now - exe.idle_since > self.settings.executor_idle_s:
+                exe.kill("idle: no lease needs it")
+                stopped += 1
+        return stopped
+
+    async def close(self) -> None:
+        """Kill every executor (chunks still running fail as crashed) and wait for them."""
+        self._closed = True
+        for task in list(self._starting.values()):
+            task.cancel()
+        for exe in list(self._procs.values()):
+            exe.kill("executor killed: the node is stopping")
+        readers = [exe.reader for exe in self._procs.values() if exe.reader is not None]
+        await asyncio.gather(*readers, return_exceptions=True)
+
+
+def _failure(frame: dict[str, Any]) -> VramfabricError:
+    """The error a `done` frame reports."""
+    message = str(frame.get("error", ""))
+    try:
+        kind = ErrorKind(frame.get("kind"))
+    except ValueError:
+        kind = ErrorKind.ERROR
+    if kind is ErrorKind.CRASHED:
+        return ExecutorCrashed(message)
+    return ChunkFailed(kind, message)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

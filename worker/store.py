@@ -1,0 +1,81 @@
+"""ChunkStore: a node's checkpoints and large outputs, kept in JetStream for each chunk.
+
+Checkpoints live in the `vf_checkpoints` bucket under `<tenant>.<job>.<chunk>`; a chunk that
+is delivered again gets the last one back, and it is deleted once the chunk's result is
+stored. Outputs too large to travel inside a result go to the tenant's outputs object store
+as `<job>.<chunk>`, and the result names the object.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from vramfabric.broker import topology
+from vramfabric.broker.errors import from_nats
+from vramfabric.broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class ChunkStore:
+    """Checkpoints and outputs of chunks, for one node."""
+
+    js: JetStreamContext
+    broker: BrokerSettings
+    _checkpoints: KeyValue | None = attrs.field(default=None, init=False)
+    _outputs: dict[str, ObjectStore] = attrs.field(factory=dict, init=False)
+
+    async def _bucket(self) -> KeyValue:
+        if self._checkpoints is None:
+            self._checkpoints = await topology.checkpoints_bucket(self.js, self.broker)
+        return self._checkpoints
+
+    def _key(self, tenant: str, job: str, index: int) -> str:
+        return self.broker.subjects.checkpoint_key(tenant, job, index)
+
+    async def load_checkpoint(self, tenant: str, job: str, index: int) -> bytes | None:
+        """The chunk's last checkpoint, or None."""
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(self._key(tenant, job, index))
+        except nats.js.errors.NotFoundError:
+            return None
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        return entry.value or None
+
+    async def save_checkpoint(self, tenant: str, job: str, index: int, state: bytes) -> None:
+        """Store the chunk's checkpoint (replacing the last one)."""
+        kv = await self._bucket()
+        try:
+            await kv.put(self._key(tenant, job, index), state)
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def delete_checkpoint(self, tenant: str, job: str, index: int) -> None:
+        """Forget the chunk's checkpoints (its result is stored)."""
+        kv = await self._bucket()
+        try:
+            await kv.purge(self._key(tenant, job, index))
+        except Exception as exc:
+            raise from_nats(exc) from exc
+
+    async def put_output(self, tenant: str, job: str, index: int, output: bytes) -> str:
+        """Store a large output; return the object's name."""
+        name = self.broker.subjects.output_object(job, index)
+        try:
+            store = self._outputs.get(tenant)
+            if store is None:
+                store = await topology.outputs_store(self.js, self.broker, tenant)
+                self._outputs[tenant] = store
+            await store.put(name, output)
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        return name

@@ -1,0 +1,96 @@
+"""Work: what a job's chunks run, and the node's cache of uploaded code by digest.
+
+Built-in kernels are named; Python callables and CUDA kernels come from the kernels object
+store by sha256, fetched once per node and kept in memory. The agent only moves these bytes:
+unpickling and compiling happen in executor processes. Before a job runs, the node checks
+that it may run the job's code at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+
+import attrs
+import nats.js.errors
+from nats.js.object_store import ObjectStore
+
+from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, from_nats
+from vramfabric.broker.messages import JobSpec
+from vramfabric.kernels.code import python_version
+
+log = logging.getLogger(__name__)
+
+# Blobs kept in memory per node (least recently used go first).
+MAX_CACHED_BLOBS = 64
+
+
+@attrs.frozen
+class Work:
+    """A job's work as an executor needs it: kind, name, digest and (uploaded code) blob."""
+
+    kind: str
+    name: str
+    digest: str
+    blob: bytes | None = None
+
+
+def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | None:
+    """Why this node must not run the job's code, or None if it may."""
+    python_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
+    if python_code and not allow_code:
+        what = "Python callables" if spec.kernel_kind == "python" else "a CUDA kernel's reference"
+        return CodeRefused(f"this worker does not run {what} (it was started without --allow-code)")
+    if spec.kernel_kind == "python" and spec.python != python_version():
+        return CodeRefused(
+            f"the job's function was pickled on Python {spec.python or '?'}; this worker "
+            f"runs Python {python_version()}"
+        )
+    return None
+
+
+@attrs.define
+class WorkLoader:
+    """Fetches uploaded code by digest from the kernels store, once per node."""
+
+    store: ObjectStore
+    _blobs: OrderedDict[str, bytes] = attrs.field(factory=OrderedDict, init=False)
+    _fetching: dict[str, asyncio.Task[bytes]] = attrs.field(factory=dict, init=False)
+
+    async def work_of(self, spec: JobSpec) -> Work:
+        """The job's work, its blob fetched if it is uploaded code.
+
+        Raises:
+            KernelLoadFailed: the blob is missing or does not match its digest.
+            Disconnected: the store could not be reached (transient).
+        """
+        if spec.kernel_kind == "builtin":
+            return Work("builtin", spec.kernel, spec.kernel_digest)
+        blob = self._blobs.get(spec.kernel_digest)
+        if blob is None:
+            task = self._fetching.get(spec.kernel_digest)
+            if task is None:
+                task = asyncio.get_running_loop().create_task(self._fetch(spec.kernel_digest))
+                self._fetching[spec.kernel_digest] = task
+                task.add_done_callback(lambda _t: self._fetching.pop(spec.kernel_digest, None))
+            blob = await asyncio.shield(task)
+        self._blobs.move_to_end(spec.kernel_digest)
+        return Work(spec.kernel_kind, spec.kernel, spec.kernel_digest, blob)
+
+    async def _fetch(self, digest: str) -> bytes:
+        try:
+            result = await self.store.get(digest)
+        except nats.js.errors.NotFoundError:
+            raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
+        except Exception as exc:
+            raise from_nats(exc) from exc
+        data = bytes(result.data or b"")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")
+        self._blobs[digest] = data
+        while len(self._blobs) > MAX_CACHED_BLOBS:
+            self._blobs.popitem(last=False)
+        log.info("kernel blob fetched digest=%s bytes=%d", digest[:12], len(data))
+        return data
