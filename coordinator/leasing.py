@@ -1,4 +1,9 @@
-"""LeasePool: elastic acquisition, batched renewal and batched release of one job's leases."""
+"""LeasePool: elastic acquisition, batched renewal and batched release of one job's leases.
+
+Every request fits the server's max payload: an acquire asks one node for at most
+`max_lease_batch` leases, and renewals and releases carry at most MAX_LEASE_IDS ids each, so
+a node holding tens of thousands of a job's leases gets several requests per round.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 
 import attrs
 
@@ -15,6 +21,7 @@ from vramfabric.broker.codec import RemoteError, decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import VramfabricError, from_nats
 from vramfabric.broker.messages import (
+    MAX_LEASE_IDS,
     Lease,
     LeaseGrant,
     LeaseRequest,
@@ -33,6 +40,11 @@ from .settings import CoordinatorSettings
 log = logging.getLogger(__name__)
 
 _RETRY_PAUSE_S = 0.05
+# Renew/release requests in flight at once over all nodes, and to any one node. A node serves
+# its requests one at a time, so a second batch in flight to it would only wait in its queue
+# while its request timeout runs; a wire round trip is small next to serving 10k ids.
+_MAX_IN_FLIGHT = 16
+_MAX_IN_FLIGHT_PER_NODE = 1
 
 
 @attrs.define
@@ -60,23 +72,26 @@ class LeasePool:
     async def acquire(self, wanted: int) -> int:
         """Ask the fleet for up to `wanted` more leases; return how many were granted.
 
-        Requests go to all planned nodes in parallel. A node that denies or grants fewer
-        than asked is left out of the next round; rounds stop when the want is met or no
-        advertised capacity is left. Fewer than `wanted` is not an error: the job runs with
-        what it got (CapacityExceeded is for callers that demand a minimum).
+        Requests go to all planned nodes in parallel, at most `max_lease_batch` leases each.
+        A node that denies or grants fewer than it was asked in a request is left out of the
+        next round; one that grants the whole batch is asked again. Rounds stop when the want
+        is met or no advertised capacity is left. Fewer than `wanted` is not an error: the
+        job runs with what it got (CapacityExceeded is for callers that demand a minimum).
         """
         got = 0
         exclude: set[str] = set()
         while got < wanted:
-            asks = plan(
+            planned = plan(
                 self.fleet.adverts.values(),
                 self.settings.slice_bytes,
                 wanted - got,
                 self.settings.placement,
                 frozenset(exclude),
             )
-            if not asks:
+            if not planned:
                 break
+            # Cap here, not in _request, so the grant is compared with what was really asked.
+            asks = [(node, min(n, self.settings.max_lease_batch)) for node, n in planned]
             grants = await asyncio.gather(*(self._request(node, n) for node, n in asks))
             for (node, asked), grant in zip(asks, grants, strict=True):
                 got += len(grant)
@@ -90,7 +105,7 @@ class LeasePool:
         req = LeaseRequest(
             request_id=uuid.uuid4().hex[:12],
             job=self.job,
-            count=min(count, self.settings.max_lease_batch),
+            count=count,
             slice_bytes=self.settings.slice_bytes,
             ttl_s=self.settings.lease_ttl_s,
         )
@@ -144,7 +159,7 @@ class LeasePool:
         return groups
 
     def start_renewing(self) -> None:
-        """Renew every lease each third of its TTL, one request per node, until released."""
+        """Renew every lease each third of its TTL, in batches per node, until released."""
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
 
     async def _renew_loop(self) -> None:
@@ -153,17 +168,19 @@ class LeasePool:
             if not self.closing:
                 await self.renew()
 
+    def batches(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(node, lease ids) pairs covering every lease, at most MAX_LEASE_IDS ids each."""
+        return [
+            (node, tuple(ids[i : i + MAX_LEASE_IDS]))
+            for node, ids in self.by_node().items()
+            for i in range(0, len(ids), MAX_LEASE_IDS)
+        ]
+
     async def renew(self) -> None:
         """Renew all leases once; leases a node no longer holds are dropped from the pool."""
-        groups = self.by_node()
-        replies = await asyncio.gather(
-            *(
-                self._call(
-                    node, "renew", RenewRequest(tuple(ids), self.settings.lease_ttl_s), RenewReply
-                )
-                for node, ids in groups.items()
-            )
-        )
+        ttl_s = self.settings.lease_ttl_s
+        requests = [(node, RenewRequest(ids, ttl_s)) for node, ids in self.batches()]
+        replies = await self._call_all("renew", requests, RenewReply)
         for reply in replies:
             if isinstance(reply, RenewReply):
                 for lease_id, expires_at in reply.expires_at.items():
@@ -176,24 +193,33 @@ class LeasePool:
         self._note()
 
     async def release(self) -> int:
-        """Release every lease now, one request per node, in parallel; return the count."""
+        """Release every lease now, in batches per node, in parallel; return the count."""
         self.closing = True
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        groups = self.by_node()
-        replies = await asyncio.gather(
-            *(
-                self._call(node, "release", ReleaseRequest(tuple(ids)), ReleaseReply)
-                for node, ids in groups.items()
-            )
-        )
+        requests = [(node, ReleaseRequest(ids)) for node, ids in self.batches()]
+        replies = await self._call_all("release", requests, ReleaseReply)
         released = sum(len(r.released) for r in replies if isinstance(r, ReleaseReply))
         # Leases whose release failed expire on their own at their TTL.
         self.leases.clear()
         self._note()
         return released
+
+    async def _call_all(
+        self, op: str, requests: Sequence[tuple[str, object]], reply_type: type
+    ) -> list[object]:
+        """Send every (node, request) with bounded concurrency; replies in the order given."""
+        gate = asyncio.Semaphore(_MAX_IN_FLIGHT)
+        node_gates = {node: asyncio.Semaphore(_MAX_IN_FLIGHT_PER_NODE) for node, _ in requests}
+
+        async def one(node: str, req: object) -> object:
+            # The node's gate first, so a batch queued behind its node holds no global slot.
+            async with node_gates[node], gate:
+                return await self._call(node, op, req, reply_type)
+
+        return await asyncio.gather(*(one(node, req) for node, req in requests))
 
     async def _call(self, node: str, op: str, req: object, reply_type: type) -> object:
         subject = self.broker.subjects.lease(self.settings.tenant, node, op)

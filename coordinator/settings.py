@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from vramfabric.broker.messages import MAX_LEASE_COUNT
 from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
@@ -24,8 +25,11 @@ class CoordinatorSettings:
     max_slices: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
     ack_wait_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     max_chunk_bytes: int = attrs.field(default=1_000_000, validator=attrs.validators.gt(0))
-    # Leases asked of one node in one request; a grant of this many fits well under 1 MB.
-    max_lease_batch: int = attrs.field(default=2000, validator=attrs.validators.gt(0))
+    # Leases asked of one node in one request; a grant of this many fits well under 1 MB,
+    # and a LeaseRequest may not ask for more than MAX_LEASE_COUNT.
+    max_lease_batch: int = attrs.field(
+        default=2000, validator=[attrs.validators.gt(0), attrs.validators.le(MAX_LEASE_COUNT)]
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:

@@ -1,4 +1,4 @@
-"""Lease service against a real server: expiry, capacity denials, hostile payloads."""
+"""Lease service against a real server: expiry, capacity denials, hostile payloads, batching."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ from vramfabric.broker import (
 )
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator import ArgMin, Job
+from vramfabric.coordinator.leasing import LeasePool
 
 GIB = 2**30
+MIB = 2**20
 
 
 async def request_leases(
@@ -129,6 +131,58 @@ async def test_acquisition_runs_with_fewer_leases_than_asked(
     assert result.n_ok == 20
     assert result.leases_peak == 4
     assert result.value == (0, 0.0)
+
+
+async def test_acquire_asks_again_a_node_that_granted_its_whole_batch(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given two nodes of 8 slices each and a pool that asks for 3 leases per request
+    agents = [await agent_factory(node, simulate="1x8GiB") for node in ("n1", "n2")]
+    fabric = await fabric_factory(max_lease_batch=3)
+    await eventually(lambda: set(fabric.fleet.adverts) == {"n1", "n2"})
+    pool = LeasePool(fabric.conn, fabric.broker, fabric.settings, fabric.fleet, "batched")
+    # When it wants more than one batch per node
+    got = await pool.acquire(14)
+    # Then it goes round until the want is met, not one batch per node
+    assert got == len(pool) == 14
+    assert sum(len(agent.ledger) for agent in agents) == 14
+    # And when it wants more than the fleet has, it takes the rest and stops
+    assert await pool.acquire(10) == 2
+    assert await pool.release() == 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_pool_of_60000_leases_on_one_node_renews_and_releases_them_all(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given one node of 60,000 slices of 1 MiB: far more lease ids than one request may carry
+    n = 60_000
+    agent = await agent_factory("n1", simulate=f"1x{n}MiB", slice_bytes=MIB)
+    fabric = await fabric_factory(slice_bytes=MIB, lease_ttl_s=120.0)
+    await eventually(lambda: "n1" in fabric.fleet.adverts)
+    pool = LeasePool(fabric.conn, fabric.broker, fabric.settings, fabric.fleet, "big")
+    # When one acquire asks for all of them
+    assert await pool.acquire(n) == n
+    assert len(pool) == len(agent.ledger) == n
+    # Then one renewal extends every lease, on the node and in the pool
+    before = {i: lease.expires_at for i, lease in pool.leases.items()}
+    await pool.renew()
+    assert len(pool) == n
+    assert all(lease.expires_at > before[i] for i, lease in pool.leases.items())
+    held = {i: agent.ledger.get(i) for i in pool.leases}
+    assert all(h is not None and h.expires_at == pool.leases[i].expires_at for i, h in held.items())
+    # And the node advertises them all leased
+    await eventually(lambda: _leased_bytes(fabric.fleet.adverts.get("n1")) == n * MIB)
+    # And one release gives every one back
+    assert await pool.release() == n
+    assert len(pool) == 0 and len(agent.ledger) == 0
+    await eventually(lambda: _leased_bytes(fabric.fleet.adverts.get("n1")) == 0)
+
+
+def _leased_bytes(advert: NodeAdvert | None) -> int | None:
+    """Leased bytes over all GPUs of an advert; None when there is no advert."""
+    return None if advert is None else sum(g.leased_bytes for g in advert.gpus)
 
 
 HOSTILE_PAYLOADS = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vramfabric.broker.messages import MAX_LEASE_COUNT
 from vramfabric.broker.settings import DEFAULT_URL, BrokerSettings
 from vramfabric.broker.subjects import token
 from vramfabric.coordinator.settings import CoordinatorSettings
@@ -243,3 +244,12 @@ def test_coordinator_bad_tenant_is_rejected(tenant: str) -> None:
 def test_coordinator_out_of_range_values_are_rejected(env: dict[str, str], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         CoordinatorSettings.from_env(env)
+
+
+def test_coordinator_lease_batch_fits_one_lease_request() -> None:
+    # A batch of MAX_LEASE_COUNT is the most one LeaseRequest may ask for
+    assert CoordinatorSettings(max_lease_batch=MAX_LEASE_COUNT).max_lease_batch == MAX_LEASE_COUNT
+    with pytest.raises(ValueError, match="max_lease_batch"):
+        CoordinatorSettings(max_lease_batch=MAX_LEASE_COUNT + 1)
+    with pytest.raises(ValueError, match="max_lease_batch"):
+        CoordinatorSettings(max_lease_batch=0)
