@@ -43,6 +43,8 @@ class SliceLedger:
     _used: dict[int, int] = attrs.field(factory=dict, init=False)
     # request_id -> (tenant, lease ids), so a retried request gets the same grant.
     _requests: dict[str, tuple[str, tuple[str, ...]]] = attrs.field(factory=dict, init=False)
+    # request_id -> how many of its leases are still held (O(1) forgetting on release).
+    _held_of_request: dict[str, int] = attrs.field(factory=dict, init=False)
     _unhealthy: set[int] = attrs.field(factory=set, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
@@ -96,6 +98,7 @@ class SliceLedger:
                 node=self.node, leases=(), denied=f"no free slice of {need} bytes on {self.node}"
             )
         self._requests[req.request_id] = (tenant, tuple(lease.lease_id for lease in granted))
+        self._held_of_request[req.request_id] = len(granted)
         return LeaseGrant(node=self.node, leases=tuple(granted))
 
     def renew(
@@ -157,8 +160,11 @@ class SliceLedger:
             self._used[lease.gpu] -= lease.slice_bytes
         # Forget the request once all its leases are gone, so the map cannot grow forever.
         request_id = lease.lease_id.rsplit("-", 1)[0]
-        _owner, ids = self._requests.get(request_id, ("", ()))
-        if not any(i in self._leases for i in ids):
+        held = self._held_of_request.get(request_id, 1) - 1
+        if held > 0:
+            self._held_of_request[request_id] = held
+        else:
+            self._held_of_request.pop(request_id, None)
             self._requests.pop(request_id, None)
 
     def is_live(self, lease_id: str, now: float) -> bool:
