@@ -154,7 +154,13 @@ class Fabric:
         done = await finished_chunks(self.conn, self.broker, spec)
         todo = [i for i in range(spec.n_chunks) if i not in done]
         pool = LeasePool(
-            self.conn, self.broker, self.settings, self.fleet, spec.job_id, self.metrics
+            self.conn,
+            self.broker,
+            self.settings,
+            self.fleet,
+            spec.job_id,
+            self.metrics,
+            eligible=job.work.runs_on,
         )
         phases: dict[str, float] = {}
         grower: list[asyncio.Task[None]] = []
@@ -237,10 +243,7 @@ class Fabric:
         """Refuse a Python function up front when no live worker would run it."""
         if job.work.kind != "python":
             return
-        able = [
-            a for a in self.fleet.adverts.values() if a.allow_code and a.python == job.work.python
-        ]
-        if not able:
+        if not any(job.work.runs_on(a) for a in self.fleet.adverts.values()):
             raise CodeRefused(
                 f"no live worker runs Python functions on Python {job.work.python} "
                 f"(of {len(self.fleet.adverts)} live: start workers with --allow-code on the "

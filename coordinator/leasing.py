@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -25,6 +25,7 @@ from vramfabric.broker.messages import (
     Lease,
     LeaseGrant,
     LeaseRequest,
+    NodeAdvert,
     ReleaseReply,
     ReleaseRequest,
     RenewReply,
@@ -57,6 +58,8 @@ class LeasePool:
     fleet: FleetView
     job: str
     metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
+    # Which nodes may run the job (a Python function needs --allow-code and its Python).
+    eligible: Callable[[NodeAdvert], bool] = attrs.field(default=lambda _advert: True)
     leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
     denials: int = attrs.field(default=0, init=False)
     peak: int = attrs.field(default=0, init=False)
@@ -82,7 +85,7 @@ class LeasePool:
         exclude: set[str] = set()
         while got < wanted:
             planned = plan(
-                self.fleet.adverts.values(),
+                [a for a in self.fleet.adverts.values() if self.eligible(a)],
                 self.settings.slice_bytes,
                 wanted - got,
                 self.settings.placement,

@@ -12,6 +12,7 @@ import nats.js.errors
 from nats.js.object_store import ObjectStore
 
 from vramfabric.broker.errors import from_nats
+from vramfabric.broker.messages import NodeAdvert
 from vramfabric.kernels import Kernel
 from vramfabric.kernels.code import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -38,6 +39,10 @@ class JobWork:
     max_input_bytes: int
     blob: bytes | None = None
     python: str = ""
+
+    def runs_on(self, advert: NodeAdvert) -> bool:
+        """Whether a node may run this work (a function needs --allow-code and its Python)."""
+        return self.kind != "python" or (advert.allow_code and advert.python == self.python)
 
     def encode_inputs(self, inputs: Sequence[Any]) -> list[bytes]:
         """Chunk inputs as bytes: pickled for callables, as given (bytes) for kernels.
