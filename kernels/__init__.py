@@ -1,5 +1,6 @@
 """Built-in kernels and the registry type; no global registry is mutated at import."""
 
+from .cuda import ArgSpec, CudaKernel, KernelCompileError, ModuleCache, NoReference
 from .hyperparam import HYPERPARAM_EVAL
 from .kernel import Kernel, KernelArgumentError
 from .registry import KernelMissing, Registry
@@ -15,9 +16,14 @@ def builtin_registry() -> Registry:
 __all__ = [
     "BUILTINS",
     "HYPERPARAM_EVAL",
+    "ArgSpec",
+    "CudaKernel",
     "Kernel",
     "KernelArgumentError",
+    "KernelCompileError",
     "KernelMissing",
+    "ModuleCache",
+    "NoReference",
     "Registry",
     "builtin_registry",
 ]
