@@ -174,6 +174,11 @@ class Subjects:
         return f"{job}:{int(index)}:{token(run, 'run')}"
 
     @staticmethod
-    def result_msg_id(job: str, index: int) -> str:
-        """Value of `Nats-Msg-Id` for one chunk's result, so a retried publish is idempotent."""
-        return f"r:{job}:{int(index)}"
+    def result_msg_id(job: str, index: int, work_seq: int) -> str:
+        """Value of `Nats-Msg-Id` for one chunk's result, so a retried publish is idempotent.
+
+        `work_seq` is the work message's stream sequence: a chunk submitted again (a
+        `retry_failed` rerun) is a new message, and its result must not be taken for a
+        duplicate of the first one's inside the dedup window.
+        """
+        return f"r:{job}:{int(index)}:{int(work_seq)}"

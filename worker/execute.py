@@ -78,7 +78,8 @@ class ChunkRunner:
                 self._checkpointed.add(key)
 
             timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
-            output = await self.pool.run(lease, work, frame, timeout_s, save)
+            # A retry may be the chunk that crashed or hung a shared process: run it alone.
+            output = await self.pool.run(lease, work, frame, timeout_s, save, alone=attempt > 1)
         finally:
             self.ledger.vacate(lease.lease_id)
         ref = None

@@ -126,7 +126,7 @@ class ChunkHandler:
         if result.error_kind is not None:
             self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
         try:
-            await self._publish_patiently(result)
+            await self._publish_patiently(result, msg.metadata.sequence.stream)
         except ResultAlreadyRecorded:
             self.metrics.duplicate_results_total.inc()
         except VramfabricError as exc:
@@ -141,22 +141,23 @@ class ChunkHandler:
         self.metrics.chunks_done_total.inc()
         await self.runner.forget_checkpoint(self.spec.tenant, self.job, result.index)
 
-    async def _publish_patiently(self, result: ChunkResult) -> None:
+    async def _publish_patiently(self, result: ChunkResult, work_seq: int) -> None:
         # While the results stream elects a leader, keep the computed result and retry,
         # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
         deadline = time.monotonic() + max(self.spec.ack_wait_s, RESULT_PATIENCE_S)
         while True:
             try:
-                await self._publish(result)
+                await self._publish(result, work_seq)
                 return
             except Disconnected:
                 if time.monotonic() > deadline or self.stopping():
                     raise
                 await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
 
-    async def _publish(self, result: ChunkResult) -> None:
+    async def _publish(self, result: ChunkResult, work_seq: int) -> None:
         subject = self.broker.subjects.result(self.spec.tenant, self.job, result.index)
-        headers = {HEADER_MSG_ID: self.broker.subjects.result_msg_id(self.job, result.index)}
+        msg_id = self.broker.subjects.result_msg_id(self.job, result.index, work_seq)
+        headers = {HEADER_MSG_ID: msg_id}
         try:
             ack = await self.conn.js.publish(subject, encode(result), headers=headers)
         except Exception as exc:

@@ -5,11 +5,16 @@ One process per (GPU, tenant) by default, with one thread per running lease; wit
 killed (the chunk fails as `timeout`, the process's other chunks as `crashed`, both
 transient); a process that dies on its own fails only its own running chunks. The next chunk
 for that key starts a fresh process. Nothing here runs users' code: it only moves bytes.
+
+A shared process cannot tell which of its chunks crashed it, so callers run a chunk that
+is delivered again `alone`, in a process of its own: a chunk that crashes or hangs its
+process takes its neighbours down at most once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -100,15 +105,17 @@ class ExecutorPool:
     _procs: dict[ExecKey, ExecutorProcess] = attrs.field(factory=dict, init=False)
     _starting: dict[ExecKey, asyncio.Task[ExecutorProcess]] = attrs.field(factory=dict, init=False)
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    # Chunks on their way into an executor (it may still be starting): never reap those.
+    _entering: collections.Counter[ExecKey] = attrs.field(factory=collections.Counter, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     started_total: int = attrs.field(default=0, init=False)
 
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
 
-    def key_of(self, lease: Lease) -> ExecKey:
-        """The executor a lease's chunks run in."""
-        shared = self.settings.isolation == "thread"
+    def key_of(self, lease: Lease, alone: bool = False) -> ExecKey:
+        """The executor a lease's chunks run in; `alone` gives the lease a process of its own."""
+        shared = self.settings.isolation == "thread" and not alone
         return (lease.gpu, lease.tenant, "" if shared else lease.lease_id)
 
     def warm(self, key: ExecKey) -> None:
@@ -124,26 +131,34 @@ class ExecutorPool:
         frame: dict[str, Any],
         timeout_s: float,
         save: SaveCheckpoint | None = None,
+        alone: bool = False,
     ) -> bytes:
-        """Run one chunk in the lease's executor; return its output.
+        """Run one chunk in the lease's executor (or one of its own); return its output.
 
         Raises:
             ChunkTimeout: past `timeout_s` (the executor was killed).
             ExecutorCrashed: the executor died while the chunk ran.
             ChunkFailed: the chunk's work failed (a permanent kind, from the executor).
         """
-        exe = await self._executor(self.key_of(lease))
-        if work.blob is not None and work.digest not in exe.loaded:
-            await exe.send(
-                {"op": "load", "digest": work.digest, "kind": work.kind, "blob": work.blob}
-            )
-            exe.loaded.add(work.digest)
+        key = self.key_of(lease, alone)
+        self._entering[key] += 1
+        try:
+            exe = await self._executor(key)
+        finally:
+            self._entering[key] -= 1
+            if not self._entering[key]:
+                del self._entering[key]
         task_id = next(self._ids)
         loop = asyncio.get_running_loop()
         task = _Task(loop.create_future(), save)
         task.timer = loop.call_later(timeout_s, self._timed_out, exe, task_id, timeout_s)
         exe.tasks[task_id] = task
         try:
+            if work.blob is not None and work.digest not in exe.loaded:
+                exe.loaded.add(work.digest)
+                await exe.send(
+                    {"op": "load", "digest": work.digest, "kind": work.kind, "blob": work.blob}
+                )
             await exe.send(
                 {
                     **frame,
@@ -292,7 +307,7 @@ class ExecutorPool:
         """Stop idle executors no lease needs: at once for per-lease ones, else after a while."""
         stopped = 0
         for key, exe in list(self._procs.items()):
-            if exe.tasks or key in live:
+            if exe.tasks or key in live or key in self._entering:
                 continue
             if key[2] or now - exe.idle_since > self.settings.executor_idle_s:
                 exe.kill("idle: no lease needs it")

@@ -16,6 +16,8 @@ PLACEHOLDERS = {
     "streamid": "<stream>",
     "consumerid": "<consumer>",
     "424242": "<chunk>",
+    "737373": "<work_seq>",
+    "runid": "<run>",
 }
 
 
@@ -45,7 +47,12 @@ def code_names() -> set[str]:
         s.kernels_store(),
         s.job_key("tenantid", "jobid"),
         s.chunk_msg_id("jobid", 424242),
-        s.result_msg_id("jobid", 424242),
+        s.result_msg_id("jobid", 424242, 737373),
+        s.chunk_retry_msg_id("jobid", 424242, "runid"),
+        s.outputs_store("tenantid"),
+        s.output_object("jobid", 424242),
+        s.checkpoints_bucket(),
+        s.checkpoint_key("tenantid", "jobid", 424242),
         HEADER_MSG_ID,
         *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
     }

@@ -40,7 +40,7 @@ def test_default_prefix_is_vf() -> None:
         (lambda s: s.kernels_store(), "t1_kernels"),
         (lambda s: s.job_key("acme", "job-1"), "acme.job-1"),
         (lambda s: s.chunk_msg_id("job-1", 7), "job-1:7"),
-        (lambda s: s.result_msg_id("job-1", 7), "r:job-1:7"),
+        (lambda s: s.result_msg_id("job-1", 7, 12), "r:job-1:7:12"),
     ],
 )
 def test_names_are_built_from_the_prefix(build, expected: str) -> None:  # type: ignore[no-untyped-def]
