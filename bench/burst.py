@@ -82,8 +82,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--slices", type=int, default=1000)
+    parser.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (as the demo)")
     args = parser.parse_args()
-    with LocalFleet(workers=args.workers, simulate="4x80GiB", slice_size="512MiB") as fleet:
+    with LocalFleet(workers=args.workers, simulate=args.simulate, slice_size="512MiB") as fleet:
         for line in asyncio.run(bench(fleet, args.n or [1000, 10000], args.runs, args.slices)):
             print(json.dumps(line), flush=True)
     return 0

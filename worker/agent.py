@@ -116,6 +116,7 @@ class Agent:
         )
         # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
+        self.executors.keep_spares()
         await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(
@@ -151,6 +152,7 @@ class Agent:
             self._on_change(*key)
         live = {self.executors.key_of(lease) for lease in self.ledger.holding()}
         self.executors.reap(live, time.monotonic())
+        self.executors.keep_spares()
 
     async def _run_puller(self, key: JobKey) -> None:
         try:

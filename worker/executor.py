@@ -62,7 +62,10 @@ class Executor:
             self.xp = cupy
         self.modules = ModuleCache()
         self._out = out
-        self._write_lock = threading.Lock()
+        # Frames waiting to be written, and whether a thread is writing them now.
+        self._pending: list[bytes] = []
+        self._pending_lock = threading.Lock()
+        self._flushing = False
         self._blobs: dict[str, bytes] = {}
         self._loaded: dict[str, Any] = {}
         self._load_lock = threading.Lock()
@@ -73,10 +76,26 @@ class Executor:
         )
 
     def send(self, frame: dict[str, Any]) -> None:
-        """Write one frame to the agent (from any thread)."""
+        """Write one frame to the agent (from any thread).
+
+        Frames of chunks that end together go out in one write: the thread that finds no
+        write in progress writes everything queued meanwhile, so a burst of short chunks
+        costs a few system calls, not one per chunk.
+        """
         data = ipc.pack(frame)
-        with self._write_lock:
-            self._out.write(data)
+        with self._pending_lock:
+            self._pending.append(data)
+            if self._flushing:
+                return
+            self._flushing = True
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    self._flushing = False
+                    return
+                batch = b"".join(self._pending)
+                self._pending.clear()
+            self._out.write(batch)
             self._out.flush()
 
     def serve(self, inp: BinaryIO) -> None:
@@ -264,8 +283,8 @@ def _is_cuda_error(exc: BaseException) -> bool:
 
 def _private_pipes() -> tuple[BinaryIO, BinaryIO]:
     """Frame pipes on private descriptors; fd 0 becomes /dev/null and fd 1 goes to stderr."""
-    inp = os.fdopen(os.dup(0), "rb", buffering=0)
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    inp = os.fdopen(os.dup(0), "rb")
+    out = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

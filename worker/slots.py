@@ -120,7 +120,7 @@ class ExecutorPool:
 
     def warm(self, key: ExecKey) -> None:
         """Start an executor now, so the first chunk of its leases does not wait for it."""
-        exe = self._procs.get(key)
+        exe = self._procs.get(key) or self._adopt_spare(key)
         if not self._closed and (exe is None or not exe.alive):
             self._start_task(key)
 
@@ -191,13 +191,37 @@ class ExecutorPool:
         exe.kill("executor killed: a chunk beside this one ran past its deadline")
 
     async def _executor(self, key: ExecKey) -> ExecutorProcess:
-        exe = self._procs.get(key)
+        exe = self._procs.get(key) or self._adopt_spare(key)
         if exe is not None and exe.alive:
             return exe
         if self._closed:
             raise ExecutorCrashed("the node is draining: no new executor")
         # Shielded: one chunk giving up must not cancel a start other chunks wait for.
         return await asyncio.shield(self._start_task(key))
+
+    def keep_spares(self) -> None:
+        """Start a spare executor for each GPU that has none, unless chunks are running.
+
+        A spare is a started process bound to no tenant yet: the first key that needs an
+        executor on its GPU takes it, so a job does not wait for (or compete with) process
+        starts. Spares are made again only while the node is idle.
+        """
+        if self._closed or any(exe.tasks for exe in self._procs.values()):
+            return
+        for gpu in self.gpus:
+            key = _spare_key(gpu.index)
+            if key not in self._procs and key not in self._starting:
+                self._start_task(key)
+
+    def _adopt_spare(self, key: ExecKey) -> ExecutorProcess | None:
+        spare = self._procs.get(_spare_key(key[0]))
+        if spare is None or not spare.alive or not spare.ready.done():
+            return None
+        del self._procs[spare.key]
+        spare.key = key
+        self._procs[key] = spare
+        log.debug("spare executor taken key=%s pid=%d", key, spare.proc.pid)
+        return spare
 
     def _start_task(self, key: ExecKey) -> asyncio.Task[ExecutorProcess]:
         task = self._starting.get(key)
@@ -307,7 +331,7 @@ class ExecutorPool:
         """Stop idle executors no lease needs: at once for per-lease ones, else after a while."""
         stopped = 0
         for key, exe in list(self._procs.items()):
-            if exe.tasks or key in live or key in self._entering:
+            if exe.tasks or key in live or key in self._entering or key[1:] == _SPARE:
                 continue
             if key[2] or now - exe.idle_since > self.settings.executor_idle_s:
                 exe.kill("idle: no lease needs it")
@@ -323,6 +347,13 @@ class ExecutorPool:
             exe.kill("executor killed: the node is stopping")
         readers = [exe.reader for exe in self._procs.values() if exe.reader is not None]
         await asyncio.gather(*readers, return_exceptions=True)
+
+
+_SPARE = ("", "spare")
+
+
+def _spare_key(gpu: int) -> ExecKey:
+    return (gpu, *_SPARE)
 
 
 def _failure(frame: dict[str, Any]) -> VramfabricError:

@@ -1,0 +1,83 @@
+"""Slots benchmark: the same sleeping chunks on 1 lease and on 8 leases of one node.
+
+A lease is an execution slot: 8 leases must run 8 chunks at once. Each chunk is a Python
+function that sleeps `--chunk-s` (a stand-in for a kernel that keeps its slot busy), so the
+speed-up measures the slots, not the CPU. One worker process (`--allow-code`, one simulated
+GPU of 8 slices) on an embedded server; one JSON line.
+
+    python bench/slots.py                  # 32 chunks of 0.1 s, 3 runs each, medians
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
+from vramfabric.coordinator.aggregate import Gather
+from vramfabric.coordinator.local import LocalFleet
+
+
+def nap(seconds: float) -> float:
+    """Sleep (holding the slot), return the seconds slept."""
+    time.sleep(seconds)  # stands in for a kernel that runs this long
+    return seconds
+
+
+async def timed(fabric: Fabric, n: int, chunk_s: float, slices: int, run: int) -> float:
+    """Seconds one job of `n` chunks takes on `slices` leases."""
+    job = Job(nap, [chunk_s] * n, job_id=f"slots{slices}r{run}t{time.time_ns()}")
+    result = await fabric.run(job, Gather(), slices=slices, timeout_s=120)
+    assert result.n_ok == n, result.failures
+    await fabric.fleet.wait_changed(timeout_s=1.0)
+    return float(result.phases_s["total_s"])
+
+
+async def bench(fleet: LocalFleet, n: int, chunk_s: float, runs: int) -> dict[str, object]:
+    """Median job time on 1 and on 8 slots."""
+    settings = CoordinatorSettings(slice_bytes=2**30)
+    async with await Fabric.connect(fleet.broker, settings) as fabric:
+        await timed(fabric, 8, 0.01, 8, -1)  # warm-up: executors started, code cached
+        one = [await timed(fabric, n, chunk_s, 1, r) for r in range(runs)]
+        eight = [await timed(fabric, n, chunk_s, 8, r) for r in range(runs)]
+    return {
+        "bench": "slots",
+        "chunks": n,
+        "chunk_s": chunk_s,
+        "runs": runs,
+        "one_slot_s_median": round(statistics.median(one), 4),
+        "eight_slots_s_median": round(statistics.median(eight), 4),
+        "speedup": round(statistics.median(one) / statistics.median(eight), 2),
+        "ideal_eight_slots_s": round(n * chunk_s / 8, 4),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores "
+        f"Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def main() -> int:
+    """Parse flags, start the fleet, print one JSON line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument("--chunk-s", type=float, default=0.1)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    fleet = LocalFleet(
+        workers=1, simulate="1x8GiB", slice_size="1GiB", worker_args=("--allow-code",)
+    )
+    with fleet:
+        line = asyncio.run(bench(fleet, args.chunks, args.chunk_s, args.runs))
+    print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
