@@ -193,6 +193,9 @@ class ExecutorPool:
     async def _executor(self, key: ExecKey) -> ExecutorProcess:
         exe = self._procs.get(key) or self._adopt_spare(key)
         if exe is not None and exe.alive:
+            if not exe.ready.done():
+                # Still starting (warmed at grant time): a chunk's deadline starts after this.
+                await asyncio.shield(exe.ready)
             return exe
         if self._closed:
             raise ExecutorCrashed("the node is draining: no new executor")

@@ -133,13 +133,13 @@ async def test_hung_chunk_is_killed_at_its_deadline_and_retried_while_neighbours
     fabric = await fabric_factory(ack_wait_s=5.0)
     specs = [{"dir": str(tmp_path), "i": i, "hang": i == 0, "sleep_s": 0.05} for i in range(8)]
     job = Job(hang_once, specs, timeout_s=1.5, retry=FAST_RETRY)
-    t0 = time.time()
     # When it runs
     result = await fabric.run(job, Gather(), slices=8, timeout_s=40)
-    # Then every chunk succeeded; the neighbours finished long before the hung one's deadline
+    # Then every chunk succeeded; the neighbours finished while the hung one hung
     assert result.n_ok == 8, result.failures
+    hung_at = (tmp_path / "hung-0").stat().st_mtime
     finished_at = {i: at for i, at, _pid in result.value}
-    assert all(finished_at[i] - t0 < 1.5 for i in range(1, 8))
+    assert all(finished_at[i] < hung_at + 1.5 for i in range(1, 8)), (hung_at, finished_at)
     # And the hung chunk failed once as a timeout and succeeded in a new executor process
     hung = (await stored_results(conn, broker, job.spec(fabric.settings).job_id, 8))[0]
     assert hung.ok and hung.attempt == 2
