@@ -1,5 +1,6 @@
-"""kernels/cuda.py: validation, signature checks, blobs, the reference path, and the GPU path
-against a stand-in CuPy (the real one runs in tests/gpu)."""
+"""kernels/cuda*.py: validation and signature checks (cuda_checks, cuda_signature), blobs and
+the lazily unpickled reference (cuda, cuda_reference), and the GPU path (cuda_compile) against
+a stand-in CuPy (the real one runs in tests/gpu)."""
 
 from __future__ import annotations
 
