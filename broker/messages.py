@@ -26,6 +26,8 @@ MAX_LEASE_COUNT = 5_000
 # Kinds of work a job runs: a kernel in the workers' registry, a Python callable, or a CUDA
 # kernel (both of the latter uploaded to the kernels object store by digest).
 KERNEL_KINDS = ("builtin", "python", "cuda")
+# `GpuState.model` of a simulated GPU.
+SIMULATED_MODEL = "simulated"
 
 _ge0 = attrs.validators.ge(0)
 _gt0 = attrs.validators.gt(0)
@@ -71,6 +73,11 @@ class NodeAdvert:
     python: str = ""
     allow_code: bool = False
     v: int = PROTOCOL_VERSION
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the node's GPUs are simulated (NumPy on the CPU, no CUDA)."""
+        return bool(self.gpus) and all(g.model == SIMULATED_MODEL for g in self.gpus)
 
     def free_slices(self, slice_bytes: int) -> int:
         """Leases of `slice_bytes` the node could grant now, over all healthy GPUs."""

@@ -168,6 +168,14 @@ class Subjects:
         return f"{job}:{int(index)}"
 
     @staticmethod
+    def chunk_index_of(msg_id: str) -> int | None:
+        """The chunk index in a chunk's `Nats-Msg-Id` (`<job>:<chunk>[:<run>]`), if it parses."""
+        parts = msg_id.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            return None
+        return int(parts[1])
+
+    @staticmethod
     def chunk_retry_msg_id(job: str, index: int, run: str) -> str:
         """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run (a fresh id,
         so the stream's dedup window does not swallow it)."""

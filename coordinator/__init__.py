@@ -1,6 +1,6 @@
 """The coordinator: leasing, jobs, aggregation and the `Fabric` API."""
 
-from .aggregate import ArgMax, ArgMin, Collect, Fold, Mean, TopK
+from .aggregate import ArgMax, ArgMin, Collect, Fold, Gather, Mean, TopK
 from .fabric import Fabric, JobResult
 from .jobs import Job
 from .settings import CoordinatorSettings
@@ -12,6 +12,7 @@ __all__ = [
     "CoordinatorSettings",
     "Fabric",
     "Fold",
+    "Gather",
     "Job",
     "JobResult",
     "Mean",

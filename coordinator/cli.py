@@ -20,7 +20,8 @@ from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 
 from .fabric import Fabric, JobResult
-from .report import advert_dict, err, print_demo, progress_bar, report
+from .jobfile import JobFile
+from .report import advert_dict, err, jsonable, print_demo, progress_bar, report
 from .settings import CoordinatorSettings
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
@@ -85,33 +86,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print(f"vramfabric run: {exc}")
         return RET_USAGE
     with progress_bar(not args.json, len(spec.job.inputs)) as progress:
-        result = asyncio.run(
-            _run(
-                spec.job, spec.aggregator, spec.slices, progress, args.timeout_s, args.metrics_port
-            )
-        )
+        result = asyncio.run(_run(spec, progress, args))
     summary = report(result)
-    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    if args.json:
+        print(json.dumps(summary, default=jsonable))
+    else:
+        print("\n".join(f"{k}: {v}" for k, v in summary.items()))
     return RET_OK if result.ok else RET_JOB_FAILED
 
 
-async def _run(
-    job: Any,
-    aggregator: Any,
-    slices: int | None,
-    progress: Any,
-    timeout_s: float | None,
-    metrics_port: int | None = None,
-) -> JobResult:
+async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult:
     async with await Fabric.connect(
         BrokerSettings.from_env(), CoordinatorSettings.from_env()
     ) as fabric:
-        if metrics_port:
+        if args.metrics_port:
             from prometheus_client import start_http_server
 
-            start_http_server(metrics_port, addr="127.0.0.1", registry=fabric.metrics.registry)
+            start_http_server(args.metrics_port, addr="127.0.0.1", registry=fabric.metrics.registry)
         return await fabric.run(
-            job, aggregator, slices=slices, progress=progress, timeout_s=timeout_s
+            spec.job,
+            spec.aggregator,
+            slices=spec.slices,
+            progress=progress,
+            timeout_s=args.timeout_s,
+            retry_failed=args.retry_failed,
         )
 
 
@@ -189,7 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a JOB.toml against a running fabric")
     p.add_argument("jobfile")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--timeout-s", type=float, default=None)
+    p.add_argument("--timeout-s", type=float, default=None, help="give up on the job after this")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run again the chunks that failed or ran out of retries in an earlier run",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.set_defaults(handler=cmd_run)
     p = sub.add_parser("status", help="show live nodes and their VRAM")

@@ -20,7 +20,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, ResultAlreadyRecorded, from_nats
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import HEADER_MSG_ID
+from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
 
 from .follow import Follower
 
@@ -104,5 +104,4 @@ def _index(data: bytes, headers: dict[str, str] | None) -> int | None:
     try:
         return decode(Chunk, data).index
     except InvalidMessage:
-        tail = (headers or {}).get(HEADER_MSG_ID, "").rpartition(":")[2]
-        return int(tail) if tail.isdigit() else None
+        return Subjects.chunk_index_of((headers or {}).get(HEADER_MSG_ID, ""))

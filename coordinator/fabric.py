@@ -244,15 +244,15 @@ class Fabric:
         return t
 
     def _check_code(self, job: Job) -> None:
-        """Refuse a Python function up front when no live worker would run it."""
-        if job.work.kind != "python":
+        """Refuse Python code up front when no live worker would run it."""
+        if not job.work.python or any(job.work.runs_on(a) for a in self.fleet.adverts.values()):
             return
-        if not any(job.work.runs_on(a) for a in self.fleet.adverts.values()):
-            raise CodeRefused(
-                f"no live worker runs Python functions on Python {job.work.python} "
-                f"(of {len(self.fleet.adverts)} live: start workers with --allow-code on the "
-                "same Python version as this client)"
-            )
+        what = "Python functions" if job.work.kind == "python" else "CUDA kernels' references"
+        raise CodeRefused(
+            f"no live worker runs {what} on Python {job.work.python} "
+            f"(of {len(self.fleet.adverts)} live: start workers with --allow-code on the "
+            "same Python version as this client, or add a GPU worker)"
+        )
 
     async def _delete_consumer(self, spec: JobSpec) -> None:
         # Best effort: the job is done either way, and a rerun finds every result.

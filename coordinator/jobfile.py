@@ -5,6 +5,7 @@ aggregate = "argmin"            # argmin | argmax | mean | topk | gather | colle
 k = 10                          # for aggregate = "topk"
 slices = 1000                   # leases to ask for (default: one per chunk, capped)
 job_id = ""                     # optional; default is the hash of the spec
+timeout_s = 600                 # optional: each chunk's deadline (default: the worker's)
 output_dir = "out"              # for aggregate = "collect"
 kernel_modules = ["mypkg.k"]    # modules whose KERNELS are registered too
 [inputs]
@@ -92,7 +93,18 @@ def load(path: str | Path) -> JobFile:
     slices = doc.get("slices")
     if slices is not None and (not isinstance(slices, int) or slices <= 0):
         raise ValueError(f"slices must be a positive integer, got {slices!r}")
-    job = Job(kernel, inputs, args=doc.get("args", {}), job_id=str(doc.get("job_id", "")))
+    timeout_s = doc.get("timeout_s")
+    if timeout_s is not None and (
+        not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0
+    ):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    job = Job(
+        kernel,
+        inputs,
+        args=doc.get("args", {}),
+        job_id=str(doc.get("job_id", "")),
+        timeout_s=None if timeout_s is None else float(timeout_s),
+    )
     return JobFile(job=job, aggregator=aggregator, slices=slices)
 
 

@@ -94,3 +94,12 @@ def advert_dict(a: NodeAdvert) -> dict[str, Any]:
             for g in a.gpus
         ],
     }
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON form of what aggregates hold beside plain values (arrays, numpy scalars, bytes)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, bytes | bytearray):
+        return f"<{len(value)} bytes>"
+    return repr(value)

@@ -41,8 +41,16 @@ class JobWork:
     python: str = ""
 
     def runs_on(self, advert: NodeAdvert) -> bool:
-        """Whether a node may run this work (a function needs --allow-code and its Python)."""
-        return self.kind != "python" or (advert.allow_code and advert.python == self.python)
+        """Whether a node would run this work rather than refuse it.
+
+        A function, and a CUDA kernel's Python reference on simulated GPUs, need a node
+        started with --allow-code on the same Python. A CUDA kernel without a reference is
+        sent to simulated nodes too: they answer each chunk with a clear error.
+        """
+        needs_code = self.kind == "python" or (
+            self.kind == "cuda" and bool(self.python) and advert.simulated
+        )
+        return not needs_code or (advert.allow_code and advert.python == self.python)
 
     def encode_inputs(self, inputs: Sequence[Any]) -> list[bytes]:
         """Chunk inputs as bytes: pickled for callables, as given (bytes) for kernels.
@@ -77,6 +85,7 @@ def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Jo
             work.output_dtype,
             work.max_input_bytes,
             blob=work.to_blob(),
+            python=python_version() if work.reference is not None else "",
         )
     code = PythonCode.of(work, max_output_bytes)
     blob = code.to_blob()

@@ -31,8 +31,6 @@ from vramfabric.kernels.registry import load_registry
 
 from . import ipc
 
-# A checkpoint is stored in a KV value: keep it well below the server's max payload.
-MAX_CHECKPOINT_BYTES = 512 * 2**10
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0
 # Exit code when a CUDA error may have poisoned this process's context.
@@ -243,9 +241,9 @@ class Executor:
         )
 
     def _checkpoint(self, task: int, state: bytes) -> None:
-        if len(state) > MAX_CHECKPOINT_BYTES:
+        if len(state) > ipc.MAX_CHECKPOINT_BYTES:
             raise ValueError(
-                f"checkpoint of {len(state)} bytes exceeds {MAX_CHECKPOINT_BYTES} bytes"
+                f"checkpoint of {len(state)} bytes exceeds {ipc.MAX_CHECKPOINT_BYTES} bytes"
             )
         waiter: tuple[threading.Event, list[str | None]] = (threading.Event(), [])
         self._checkpoints[task] = waiter

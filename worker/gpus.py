@@ -8,6 +8,7 @@ import re
 
 import attrs
 
+from vramfabric.broker.messages import SIMULATED_MODEL
 from vramfabric.broker.settings import parse_size
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def parse_simulate(spec: str) -> tuple[GpuSpec, ...]:
     count, size = int(match.group(1)), parse_size(match.group(2))
     if not 1 <= count <= 64:
         raise ValueError(f"simulated GPU count must be 1..64, got {count}")
-    return tuple(GpuSpec(i, "simulated", size, simulated=True) for i in range(count))
+    return tuple(GpuSpec(i, SIMULATED_MODEL, size, simulated=True) for i in range(count))
 
 
 def discover_nvml() -> tuple[GpuSpec, ...]:

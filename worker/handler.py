@@ -29,7 +29,7 @@ from vramfabric.broker.errors import (
 )
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import HEADER_MSG_ID
+from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
 
 from .execute import ChunkRunner
 from .ledger import SliceLedger
@@ -193,7 +193,5 @@ async def quiet(coro: Any) -> None:
 
 
 def _index_from(msg: Msg) -> int | None:
-    """The chunk index from the `Nats-Msg-Id` header (`<job>:<index>`), if it parses."""
-    msg_id = (msg.headers or {}).get(HEADER_MSG_ID, "")
-    _job, _sep, tail = msg_id.rpartition(":")
-    return int(tail) if tail.isdigit() else None
+    """The chunk index from the `Nats-Msg-Id` header, if it parses."""
+    return Subjects.chunk_index_of((msg.headers or {}).get(HEADER_MSG_ID, ""))

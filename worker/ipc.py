@@ -24,6 +24,8 @@ import msgpack
 _LENGTH = struct.Struct("<I")
 # A frame carries at most one chunk's input or output plus a little: refuse anything larger.
 MAX_FRAME_BYTES = 256 * 2**20
+# A checkpoint is stored in one KV value: well below the server's max payload.
+MAX_CHECKPOINT_BYTES = 512 * 2**10
 
 
 def pack(frame: dict[str, Any]) -> bytes:

@@ -241,7 +241,9 @@ class ExecutorPool:
         args: list[str] = []
         for module in self.settings.kernel_modules:
             args += ["--kernel-module", module]
-        env = dict(os.environ)
+        # Users' code runs there: it gets none of the worker's settings, NATS credentials
+        # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMFABRIC_")}
         if gpu.simulated:
             args.append("--simulated")
         else:
@@ -282,9 +284,9 @@ class ExecutorPool:
                 await self._on_frame(exe, frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the process is gone: see below
-        except ValueError as exc:
-            # A garbled frame: the process cannot be trusted to talk sense any more.
-            exe.kill(f"executor sent a bad frame: {exc}")
+        except (ValueError, TypeError, KeyError) as exc:
+            # A garbled frame (users' code runs there): the process cannot be trusted now.
+            exe.kill(f"executor sent a bad frame: {type(exc).__name__}: {exc}")
         await self._died(exe)
 
     async def _on_frame(self, exe: ExecutorProcess, frame: dict[str, Any]) -> None:
@@ -308,10 +310,13 @@ class ExecutorPool:
     async def _checkpoint(self, exe: ExecutorProcess, frame: dict[str, Any], task: _Task) -> None:
         error: str | None = None
         try:
+            state = bytes(frame["state"])
             if task.save is None:
                 raise ValueError("this chunk cannot checkpoint")
-            await task.save(bytes(frame["state"]))
-        except (VramfabricError, ValueError) as exc:
+            if len(state) > ipc.MAX_CHECKPOINT_BYTES:
+                raise ValueError(f"checkpoint of {len(state)} bytes is over the limit")
+            await task.save(state)
+        except (VramfabricError, ValueError, TypeError, KeyError) as exc:
             error = str(exc)
         with contextlib.suppress(ExecutorCrashed):
             await exe.send({"op": "checkpointed", "task": frame["task"], "error": error})

@@ -160,3 +160,21 @@ def test_lease_with_unknown_op_raises() -> None:
 
 def test_lease_ops_are_acquire_renew_release() -> None:
     assert LEASE_OPS == ("acquire", "renew", "release")
+
+
+@pytest.mark.parametrize(
+    ("msg_id", "index"),
+    [
+        ("job1:7", 7),
+        ("job1:7:ab12cd34", 7),
+        ("job1:7:123", 7),
+        ("job1", None),
+        ("job1:x", None),
+        ("a:1:2:3", None),
+        ("", None),
+    ],
+)
+def test_chunk_index_of_reads_the_chunk_field_of_first_and_rerun_ids(
+    msg_id: str, index: int | None
+) -> None:
+    assert Subjects.chunk_index_of(msg_id) == index
