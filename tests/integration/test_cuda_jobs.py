@@ -13,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import pytest
 
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings, ErrorKind
@@ -209,9 +208,6 @@ async def test_cli_runs_a_cuda_job_file_and_collects_the_references_outputs(
         np.testing.assert_allclose(got, expected_output(x), rtol=1e-6)
 
 
-# At fd40274 coordinator/cli.py's cmd_run hands Gather's numpy arrays to json.dumps, which
-# raises TypeError; drop this mark once `run --json` encodes arrays.
-@pytest.mark.xfail(reason="`run --json` cannot encode gathered numpy arrays", raises=AssertionError)
 async def test_cli_runs_a_cuda_job_file_and_prints_the_gathered_outputs(
     agent_factory: AgentFactory, broker: BrokerSettings, tmp_path: Path
 ) -> None:
