@@ -49,6 +49,8 @@ ExecKey = tuple[int, str, str]
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
 # A new executor must say `ready` within this long (imports, CUDA initialisation).
 START_PATIENCE_S = 60.0
+# Spare executors are started again once no chunk has run for this long.
+SPARE_AFTER_IDLE_S = 5.0
 
 
 @attrs.define
@@ -108,6 +110,8 @@ class ExecutorPool:
     # Chunks on their way into an executor (it may still be starting): never reap those.
     _entering: collections.Counter[ExecKey] = attrs.field(factory=collections.Counter, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    # When a chunk last ended here: spares are made only after a quiet spell.
+    _last_busy: float = attrs.field(default=float("-inf"), init=False)
     started_total: int = attrs.field(default=0, init=False)
 
     def __len__(self) -> int:
@@ -175,8 +179,9 @@ class ExecutorPool:
         finally:
             task.timer.cancel()
             exe.tasks.pop(task_id, None)
+            self._last_busy = time.monotonic()
             if not exe.tasks:
-                exe.idle_since = time.monotonic()
+                exe.idle_since = self._last_busy
 
     def _timed_out(self, exe: ExecutorProcess, task_id: int, timeout_s: float) -> None:
         task = exe.tasks.get(task_id)
@@ -207,9 +212,11 @@ class ExecutorPool:
 
         A spare is a started process bound to no tenant yet: the first key that needs an
         executor on its GPU takes it, so a job does not wait for (or compete with) process
-        starts. Spares are made again only while the node is idle.
+        starts. Spares are made again only after the node has been idle a while: starting
+        processes between two jobs of a burst would slow the second one down.
         """
-        if self._closed or any(exe.tasks for exe in self._procs.values()):
+        quiet = time.monotonic() - self._last_busy > SPARE_AFTER_IDLE_S
+        if self._closed or not quiet or any(exe.tasks for exe in self._procs.values()):
             return
         for gpu in self.gpus:
             key = _spare_key(gpu.index)
