@@ -15,87 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
-import os
-import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 
-from vramfabric.broker.errors import (
-    ChunkFailed,
-    ChunkTimeout,
-    ErrorKind,
-    ExecutorCrashed,
-    VramfabricError,
-)
+from vramfabric.broker.errors import ChunkTimeout, ExecutorCrashed
 from vramfabric.broker.messages import Lease
-from vramfabric.broker.server import die_with_parent
 
-from . import ipc
 from .gpus import GpuSpec
+from .process import ExecKey, ExecutorProcess, Running, SaveCheckpoint
 from .settings import WorkerSettings
 from .work import Work
 
 log = logging.getLogger(__name__)
 
-# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU)
-ExecKey = tuple[int, str, str]
-SaveCheckpoint = Callable[[bytes], Awaitable[None]]
 # A new executor must say `ready` within this long (imports, CUDA initialisation).
 START_PATIENCE_S = 60.0
 # Spare executors are started again once no chunk has run for this long.
 SPARE_AFTER_IDLE_S = 5.0
-
-
-@attrs.define
-class _Task:
-    future: asyncio.Future[bytes]
-    save: SaveCheckpoint | None
-    timer: asyncio.TimerHandle | None = None
-
-
-@attrs.define(eq=False)
-class ExecutorProcess:
-    """One executor process and the chunks it is running."""
-
-    key: ExecKey
-    proc: asyncio.subprocess.Process
-    ready: asyncio.Future[None]
-    tasks: dict[int, _Task] = attrs.field(factory=dict)
-    loaded: set[str] = attrs.field(factory=set)
-    idle_since: float = attrs.field(factory=time.monotonic)
-    # Why the process is being killed, for the chunks it takes with it.
-    doom: str = ""
-    reader: asyncio.Task[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        """Whether the process has not exited (nor been told to)."""
-        return self.proc.returncode is None and not self.doom
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        """Write one frame; ExecutorCrashed if the process is gone."""
-        stdin = self.proc.stdin
-        assert stdin is not None
-        try:
-            stdin.write(ipc.pack(frame))
-            await stdin.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            raise ExecutorCrashed(f"executor process gone: {exc}") from None
-
-    def kill(self, why: str) -> None:
-        """SIGKILL the process; its running chunks fail with `why`."""
-        if not self.doom:
-            self.doom = why
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
 
 
 @attrs.define
@@ -154,7 +94,7 @@ class ExecutorPool:
                 del self._entering[key]
         task_id = next(self._ids)
         loop = asyncio.get_running_loop()
-        task = _Task(loop.create_future(), save)
+        task = Running(loop.create_future(), save)
         task.timer = loop.call_later(timeout_s, self._timed_out, exe, task_id, timeout_s)
         exe.tasks[task_id] = task
         try:
@@ -244,33 +184,9 @@ class ExecutorPool:
         return task
 
     async def _start(self, key: ExecKey) -> ExecutorProcess:
-        gpu = self.gpus[key[0]]
-        args: list[str] = []
-        for module in self.settings.kernel_modules:
-            args += ["--kernel-module", module]
-        # Users' code runs there: it gets none of the worker's settings, NATS credentials
-        # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMFABRIC_")}
-        if gpu.simulated:
-            args.append("--simulated")
-        else:
-            # The process sees its GPU alone, as device 0.
-            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        if gpu.cpus:
-            args += ["--cpus", ",".join(map(str, gpu.cpus))]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "vramfabric.worker.executor",
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            preexec_fn=die_with_parent,
+        exe = await ExecutorProcess.spawn(
+            key, self.gpus[key[0]], self.settings.kernel_modules, self._exited
         )
-        exe = ExecutorProcess(key, proc, asyncio.get_running_loop().create_future())
-        exe.reader = asyncio.get_running_loop().create_task(self._read(exe))
         self._procs[key] = exe
         self.started_total += 1
         try:
@@ -278,69 +194,12 @@ class ExecutorPool:
         except TimeoutError:
             exe.kill("executor did not start")
             raise ExecutorCrashed(f"executor did not start within {START_PATIENCE_S:g} s") from None
-        log.info("executor started key=%s pid=%d", key, proc.pid)
+        log.info("executor started key=%s pid=%d", key, exe.proc.pid)
         return exe
 
-    async def _read(self, exe: ExecutorProcess) -> None:
-        stdout = exe.proc.stdout
-        assert stdout is not None
-        try:
-            while True:
-                header = await stdout.readexactly(ipc.HEADER_BYTES)
-                frame = ipc.unpack(await stdout.readexactly(ipc.length_of(header)))
-                await self._on_frame(exe, frame)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the process is gone: see below
-        except (ValueError, TypeError, KeyError) as exc:
-            # A garbled frame (users' code runs there): the process cannot be trusted now.
-            exe.kill(f"executor sent a bad frame: {type(exc).__name__}: {exc}")
-        await self._died(exe)
-
-    async def _on_frame(self, exe: ExecutorProcess, frame: dict[str, Any]) -> None:
-        op = frame["op"]
-        if op == "ready":
-            if not exe.ready.done():
-                exe.ready.set_result(None)
-            return
-        task = exe.tasks.get(frame.get("task", -1))
-        if task is None:
-            return  # a chunk that already failed (its deadline passed)
-        if op == "done" and not task.future.done():
-            if frame.get("ok"):
-                task.future.set_result(bytes(frame["output"]))
-            else:
-                task.future.set_exception(_failure(frame))
-        elif op == "checkpoint":
-            # Stored off the read loop: the executor may finish other chunks meanwhile.
-            asyncio.get_running_loop().create_task(self._checkpoint(exe, frame, task))
-
-    async def _checkpoint(self, exe: ExecutorProcess, frame: dict[str, Any], task: _Task) -> None:
-        error: str | None = None
-        try:
-            state = bytes(frame["state"])
-            if task.save is None:
-                raise ValueError("this chunk cannot checkpoint")
-            if len(state) > ipc.MAX_CHECKPOINT_BYTES:
-                raise ValueError(f"checkpoint of {len(state)} bytes is over the limit")
-            await task.save(state)
-        except (VramfabricError, ValueError, TypeError, KeyError) as exc:
-            error = str(exc)
-        with contextlib.suppress(ExecutorCrashed):
-            await exe.send({"op": "checkpointed", "task": frame["task"], "error": error})
-
-    async def _died(self, exe: ExecutorProcess) -> None:
-        code = await exe.proc.wait()
-        why = exe.doom or f"executor process died ({_exit_reason(code)}) while running this chunk"
-        for task in list(exe.tasks.values()):
-            if not task.future.done():
-                task.future.set_exception(ExecutorCrashed(why))
-        if not exe.ready.done():
-            exe.ready.set_exception(ExecutorCrashed(why))
-            exe.ready.exception()  # retrieved: the starter reports it
+    def _exited(self, exe: ExecutorProcess) -> None:
         if self._procs.get(exe.key) is exe:
             del self._procs[exe.key]
-        level = logging.INFO if self._closed or exe.doom.startswith("idle") else logging.WARNING
-        log.log(level, "executor ended key=%s pid=%d %s", exe.key, exe.proc.pid, why)
 
     def reap(self, live: set[ExecKey], now: float) -> int:
         """Stop idle executors no lease needs: at once for per-lease ones, else after a while."""
@@ -369,24 +228,3 @@ _SPARE = ("", "spare")
 
 def _spare_key(gpu: int) -> ExecKey:
     return (gpu, *_SPARE)
-
-
-def _failure(frame: dict[str, Any]) -> VramfabricError:
-    """The error a `done` frame reports."""
-    message = str(frame.get("error", ""))
-    try:
-        kind = ErrorKind(frame.get("kind"))
-    except ValueError:
-        kind = ErrorKind.ERROR
-    if kind is ErrorKind.CRASHED:
-        return ExecutorCrashed(message)
-    return ChunkFailed(kind, message)
-
-
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

@@ -1,0 +1,201 @@
+"""ExecutorProcess: one executor process as the agent sees it, and the chunks it runs.
+
+It starts `python -m vramfabric.worker.executor` for one GPU, writes frames to its stdin,
+reads frames from its stdout, resolves each running chunk's future from them, stores the
+checkpoints the chunks send, and fails every chunk still running when the process ends,
+whatever ended it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
+from vramfabric.broker.server import die_with_parent
+
+from . import ipc
+from .gpus import GpuSpec
+
+log = logging.getLogger(__name__)
+
+# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU)
+ExecKey = tuple[int, str, str]
+SaveCheckpoint = Callable[[bytes], Awaitable[None]]
+
+
+@attrs.define
+class Running:
+    """A chunk running in an executor: its output to come, and where its checkpoints go."""
+
+    future: asyncio.Future[bytes]
+    save: SaveCheckpoint | None
+    timer: asyncio.TimerHandle | None = None
+
+
+@attrs.define(eq=False)
+class ExecutorProcess:
+    """One executor process and the chunks it is running."""
+
+    key: ExecKey
+    proc: asyncio.subprocess.Process
+    on_exit: Callable[[ExecutorProcess], None]
+    ready: asyncio.Future[None] = attrs.field(
+        factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    tasks: dict[int, Running] = attrs.field(factory=dict)
+    loaded: set[str] = attrs.field(factory=set)
+    idle_since: float = attrs.field(factory=time.monotonic)
+    # Why the process is being killed, for the chunks it takes with it.
+    doom: str = ""
+    reader: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def spawn(
+        cls,
+        key: ExecKey,
+        gpu: GpuSpec,
+        kernel_modules: tuple[str, ...],
+        on_exit: Callable[[ExecutorProcess], None],
+    ) -> ExecutorProcess:
+        """Start the process for `gpu` (not waiting for it to be ready)."""
+        args: list[str] = []
+        for module in kernel_modules:
+            args += ["--kernel-module", module]
+        # Users' code runs there: it gets none of the worker's settings, NATS credentials
+        # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMFABRIC_")}
+        if gpu.simulated:
+            args.append("--simulated")
+        else:
+            # The process sees its GPU alone, as device 0.
+            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if gpu.cpus:
+            args += ["--cpus", ",".join(map(str, gpu.cpus))]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vramfabric.worker.executor",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
+        exe = cls(key, proc, on_exit)
+        exe.reader = asyncio.get_running_loop().create_task(exe._read())
+        return exe
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process has not exited (nor been told to)."""
+        return self.proc.returncode is None and not self.doom
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Write one frame; ExecutorCrashed if the process is gone."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(ipc.pack(frame))
+            await stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise ExecutorCrashed(f"executor process gone: {exc}") from None
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the process; its running chunks fail with `why`."""
+        if not self.doom:
+            self.doom = why
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def _read(self) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        try:
+            while True:
+                header = await stdout.readexactly(ipc.HEADER_BYTES)
+                self._on_frame(ipc.unpack(await stdout.readexactly(ipc.length_of(header))))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the process is gone: see below
+        except (ValueError, TypeError, KeyError) as exc:
+            # A garbled frame (users' code runs there): the process cannot be trusted now.
+            self.kill(f"executor sent a bad frame: {type(exc).__name__}: {exc}")
+        await self._died()
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        op = frame["op"]
+        if op == "ready":
+            if not self.ready.done():
+                self.ready.set_result(None)
+            return
+        task = self.tasks.get(frame.get("task", -1))
+        if task is None:
+            return  # a chunk that already failed (its deadline passed)
+        if op == "done" and not task.future.done():
+            if frame.get("ok"):
+                task.future.set_result(bytes(frame["output"]))
+            else:
+                task.future.set_exception(_failure(frame))
+        elif op == "checkpoint":
+            # Stored off the read loop: the executor may finish other chunks meanwhile.
+            asyncio.get_running_loop().create_task(self._checkpoint(frame, task))
+
+    async def _checkpoint(self, frame: dict[str, Any], task: Running) -> None:
+        error: str | None = None
+        try:
+            state = bytes(frame["state"])
+            if task.save is None:
+                raise ValueError("this chunk cannot checkpoint")
+            if len(state) > ipc.MAX_CHECKPOINT_BYTES:
+                raise ValueError(f"checkpoint of {len(state)} bytes is over the limit")
+            await task.save(state)
+        except (VramfabricError, ValueError, TypeError, KeyError) as exc:
+            error = str(exc)
+        with contextlib.suppress(ExecutorCrashed):
+            await self.send({"op": "checkpointed", "task": frame["task"], "error": error})
+
+    async def _died(self) -> None:
+        code = await self.proc.wait()
+        why = self.doom or f"executor process died ({_exit_reason(code)}) while running this chunk"
+        for task in list(self.tasks.values()):
+            if not task.future.done():
+                task.future.set_exception(ExecutorCrashed(why))
+        if not self.ready.done():
+            self.ready.set_exception(ExecutorCrashed(why))
+            self.ready.exception()  # retrieved: the starter reports it
+        self.on_exit(self)
+        quiet = self.doom.startswith(("idle", "executor killed: the node"))
+        level = logging.INFO if quiet else logging.WARNING
+        log.log(level, "executor ended key=%s pid=%d %s", self.key, self.proc.pid, why)
+
+
+def _failure(frame: dict[str, Any]) -> VramfabricError:
+    """The error a `done` frame reports."""
+    message = str(frame.get("error", ""))
+    try:
+        kind = ErrorKind(frame.get("kind"))
+    except ValueError:
+        kind = ErrorKind.ERROR
+    if kind is ErrorKind.CRASHED:
+        return ExecutorCrashed(message)
+    return ChunkFailed(kind, message)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
