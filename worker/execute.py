@@ -10,10 +10,17 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections import OrderedDict
 
 import attrs
 
-from vramfabric.broker.errors import ChunkFailed, ErrorKind, VramfabricError
+from vramfabric.broker.errors import (
+    ChunkFailed,
+    ChunkTimeout,
+    ErrorKind,
+    ExecutorCrashed,
+    VramfabricError,
+)
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 
 from .ledger import SliceLedger
@@ -25,6 +32,8 @@ from .work import WorkLoader, refusal
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_CHARS = 2000
+# Crash suspects remembered per node (a chunk id each).
+MAX_SUSPECTS = 10_000
 
 
 @attrs.define
@@ -39,6 +48,10 @@ class ChunkRunner:
     simulated: bool
     # Chunks that checkpointed or resumed here: their checkpoint goes when their result is in.
     _checkpointed: set[tuple[str, str, int]] = attrs.field(factory=set, init=False)
+    # Chunks that were in an executor when it crashed or timed out (oldest first).
+    _suspects: OrderedDict[tuple[str, str, int], None] = attrs.field(
+        factory=OrderedDict, init=False
+    )
 
     @property
     def node(self) -> str:
@@ -57,29 +70,7 @@ class ChunkRunner:
         started_at = time.time()
         self.ledger.occupy(lease.lease_id)
         try:
-            work = await self.loader.work_of(spec)
-            key = (spec.tenant, spec.job_id, chunk.index)
-            resumed = None
-            if attempt > 1:
-                resumed = await self.store.load_checkpoint(*key)
-                if resumed is not None:
-                    self._checkpointed.add(key)
-            frame = {
-                "args": dict(spec.args),
-                "input": chunk.input,
-                "attempt": attempt,
-                "job": spec.job_id,
-                "index": chunk.index,
-                "resumed": resumed,
-            }
-
-            async def save(state: bytes) -> None:
-                await self.store.save_checkpoint(*key, state)
-                self._checkpointed.add(key)
-
-            timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
-            # A retry may be the chunk that crashed or hung a shared process: run it alone.
-            output = await self.pool.run(lease, work, frame, timeout_s, save, alone=attempt > 1)
+            output = await self._execute(spec, chunk, lease, attempt)
         finally:
             self.ledger.vacate(lease.lease_id)
         ref = None
@@ -97,6 +88,43 @@ class ChunkRunner:
             started_at=started_at,
             elapsed_s=time.time() - started_at,
         )
+
+    async def _execute(self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int) -> bytes:
+        key = (spec.tenant, spec.job_id, chunk.index)
+        work = await self.loader.work_of(spec)
+        frame = {
+            "args": dict(spec.args),
+            "input": chunk.input,
+            "attempt": attempt,
+            "job": spec.job_id,
+            "index": chunk.index,
+            "resumed": await self._resumed(spec, key) if attempt > 1 else None,
+        }
+
+        async def save(state: bytes) -> None:
+            await self.store.save_checkpoint(*key, state)
+            self._checkpointed.add(key)
+
+        timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
+        # A chunk that crashed or hung a shared process here (or was running beside one that
+        # did: which of them did it is unknown) runs alone from then on.
+        alone = key in self._suspects
+        try:
+            return await self.pool.run(lease, work, frame, timeout_s, save, alone=alone)
+        except (ChunkTimeout, ExecutorCrashed):
+            self._suspects[key] = None
+            while len(self._suspects) > MAX_SUSPECTS:
+                self._suspects.popitem(last=False)
+            raise
+
+    async def _resumed(self, spec: JobSpec, key: tuple[str, str, int]) -> bytes | None:
+        """The last checkpoint of a chunk delivered again (only functions checkpoint)."""
+        if spec.kernel_kind != "python":
+            return None
+        state = await self.store.load_checkpoint(*key)
+        if state is not None:
+            self._checkpointed.add(key)
+        return state
 
     async def forget_checkpoint(self, tenant: str, job: str, index: int) -> None:
         """Delete the chunk's checkpoint once its result is stored (best effort)."""

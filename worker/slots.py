@@ -6,9 +6,9 @@ killed (the chunk fails as `timeout`, the process's other chunks as `crashed`, b
 transient); a process that dies on its own fails only its own running chunks. The next chunk
 for that key starts a fresh process. Nothing here runs users' code: it only moves bytes.
 
-A shared process cannot tell which of its chunks crashed it, so callers run a chunk that
-is delivered again `alone`, in a process of its own: a chunk that crashes or hangs its
-process takes its neighbours down at most once.
+A shared process cannot tell which of its chunks crashed it, so callers run the chunks that
+were in a crashed or killed process `alone` from then on, in a process of their own: a chunk
+that crashes or hangs its process takes its neighbours down at most once.
 """
 
 from __future__ import annotations
