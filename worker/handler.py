@@ -173,10 +173,14 @@ class _KeepAlive:
         self._msg = msg
         self._interval_s = interval_s
         self._loop = asyncio.get_running_loop()
+        self._sending: set[asyncio.Task[None]] = set()
         self._timer = self._loop.call_later(interval_s, self._tick)
 
     def _tick(self) -> None:
-        self._loop.create_task(quiet(self._msg.in_progress()))
+        # Held until done: the loop keeps only weak references to tasks.
+        sent = self._loop.create_task(quiet(self._msg.in_progress()))
+        self._sending.add(sent)
+        sent.add_done_callback(self._sending.discard)
         self._timer = self._loop.call_later(self._interval_s, self._tick)
 
     def cancel(self) -> None:

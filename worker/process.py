@@ -58,6 +58,9 @@ class ExecutorProcess:
     # Why the process is being killed, for the chunks it takes with it.
     doom: str = ""
     reader: asyncio.Task[None] | None = None
+    # Checkpoints being stored: the loop keeps only weak references to tasks, and a task
+    # collected mid-flight would leave its chunk waiting for an answer that never comes.
+    _storing: set[asyncio.Task[None]] = attrs.field(factory=set)
 
     @classmethod
     async def spawn(
@@ -149,7 +152,9 @@ class ExecutorProcess:
                 task.future.set_exception(_failure(frame))
         elif op == "checkpoint":
             # Stored off the read loop: the executor may finish other chunks meanwhile.
-            asyncio.get_running_loop().create_task(self._checkpoint(frame, task))
+            stored = asyncio.get_running_loop().create_task(self._checkpoint(frame, task))
+            self._storing.add(stored)
+            stored.add_done_callback(self._storing.discard)
 
     async def _checkpoint(self, frame: dict[str, Any], task: Running) -> None:
         error: str | None = None

@@ -66,6 +66,14 @@ def crash_on(spec: dict[str, Any]) -> int:
     return os.getpid()
 
 
+async def running_until(run: asyncio.Task[Any], predicate: Any, timeout_s: float = 20.0) -> None:
+    """Poll `predicate` while the job runs; a job that ended early raises its own error."""
+    await eventually(lambda: run.done() or predicate(), timeout_s=timeout_s)
+    if run.done():
+        run.result()  # raises what ended the job, if anything did
+        raise AssertionError("the job ended before the condition was met")
+
+
 async def stored_results(
     conn: Connection, broker: BrokerSettings, job_id: str, n: int
 ) -> list[ChunkResult]:
@@ -254,7 +262,7 @@ async def test_sigterm_with_a_hung_chunk_exits_0_in_time_and_the_chunk_finishes_
         run = asyncio.create_task(
             fabric.run(Job(hang_once, [spec], retry=FAST_RETRY), Gather(), slices=1, timeout_s=60)
         )
-        await eventually(lambda: (tmp_path / "hung-0").exists(), timeout_s=20)
+        await running_until(run, lambda: (tmp_path / "hung-0").exists())
         await agent_factory("survivor", simulate="1x4GiB", allow_code=True)
         # When the worker is told to stop
         t0 = time.monotonic()
@@ -376,7 +384,7 @@ async def test_checkpointing_function_killed_mid_chunk_resumes_from_its_checkpoi
     job = Job(steps_with_checkpoints, [{"dir": str(tmp_path)}], retry=FAST_RETRY)
     run = asyncio.create_task(fabric.run(job, Gather(), slices=1, timeout_s=40))
     log = tmp_path / "steps.log"
-    await eventually(lambda: log.exists() and len(log.read_text().split("\n")) > 4, timeout_s=20)
+    await running_until(run, lambda: log.exists() and len(log.read_text().split("\n")) > 4)
     # When its executor process is killed mid-chunk
     os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
     result = await run
