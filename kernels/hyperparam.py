@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -29,9 +30,19 @@ _DATA_SEED = 20261121
 _MAX_LR = float(np.float32(0.05))
 
 
-@functools.cache
+_DATASET_LOCK = threading.Lock()
+
+
 def dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The synthetic regression task: (x_train, y_train, x_val, y_val, dropout_uniforms)."""
+    # Executors run a chunk per lease on its own thread: build the data set once, not once
+    # per thread that arrives before it is cached.
+    with _DATASET_LOCK:
+        return _dataset()
+
+
+@functools.cache
+def _dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(_DATA_SEED)
     w_true = rng.standard_normal(N_FEATURES).astype(np.float32)
     x = rng.standard_normal((N_TRAIN + N_VAL, N_FEATURES)).astype(np.float32)

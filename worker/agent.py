@@ -117,6 +117,8 @@ class Agent:
         # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
         self.executors.keep_spares()
+        # A node is ready when it can run chunks at once, not after a process start each.
+        await self.executors.spares_ready()
         await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(

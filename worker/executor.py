@@ -33,6 +33,10 @@ from . import ipc
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0
+# Threads of one executor process at most: one per lease that can run in it. The first
+# PRESTART_THREADS are started with the process, the rest when a burst needs them.
+MAX_THREADS = 4096
+PRESTART_THREADS = 256
 # Exit code when a CUDA error may have poisoned this process's context.
 EXIT_POISONED = 70
 _TRACEBACK_FRAMES = 4
@@ -68,10 +72,13 @@ class Executor:
         self._loaded: dict[str, Any] = {}
         self._load_lock = threading.Lock()
         self._checkpoints: dict[int, tuple[threading.Event, list[str | None]]] = {}
-        # Threads are made on demand: the agent never sends more than one chunk per lease.
+        # One thread per lease that may run here (the agent sends one chunk per lease at a
+        # time), started now: a thread started mid-burst waits for the GIL behind the busy
+        # ones, and a burst of them stalled the first job for most of a second.
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4096, thread_name_prefix="vf-lease"
+            max_workers=MAX_THREADS, thread_name_prefix="vf-lease"
         )
+        _prestart(self._pool, min(args.slots, PRESTART_THREADS))
 
     def send(self, frame: dict[str, Any]) -> None:
         """Write one frame to the agent (from any thread).
@@ -257,6 +264,14 @@ class Executor:
             del self._checkpoints[task]
 
 
+def _prestart(pool: concurrent.futures.ThreadPoolExecutor, n: int) -> None:
+    """Make the pool start `n` threads now (it starts one per task while none is idle)."""
+    barrier = threading.Barrier(n + 1)
+    for _ in range(n):
+        pool.submit(barrier.wait)
+    barrier.wait()
+
+
 def _read_exact(inp: BinaryIO, n: int) -> bytes:
     parts, left = [], n
     while left:
@@ -296,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulated", action="store_true")
     parser.add_argument("--cpus", default="", help="comma-separated CPU ids to run on")
     parser.add_argument("--kernel-module", action="append", default=[])
+    parser.add_argument("--slots", type=int, default=1, help="leases that may run here at once")
     args = parser.parse_args(argv)
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})

@@ -69,9 +69,10 @@ class ExecutorProcess:
         gpu: GpuSpec,
         kernel_modules: tuple[str, ...],
         on_exit: Callable[[ExecutorProcess], None],
+        slots: int = 1,
     ) -> ExecutorProcess:
-        """Start the process for `gpu` (not waiting for it to be ready)."""
-        args: list[str] = []
+        """Start the process for `gpu`, to run up to `slots` chunks at once (not waiting)."""
+        args: list[str] = ["--slots", str(slots)]
         for module in kernel_modules:
             args += ["--kernel-module", module]
         # Users' code runs there: it gets none of the worker's settings, NATS credentials

@@ -50,7 +50,8 @@ class ExecutorPool:
     # Chunks on their way into an executor (it may still be starting): never reap those.
     _entering: collections.Counter[ExecKey] = attrs.field(factory=collections.Counter, init=False)
     _closed: bool = attrs.field(default=False, init=False)
-    # When a chunk last ended here: spares are made only after a quiet spell.
+    # When a lease last warmed or a chunk last started or ended here: spares are made only
+    # after a quiet spell.
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
     started_total: int = attrs.field(default=0, init=False)
 
@@ -64,6 +65,7 @@ class ExecutorPool:
 
     def warm(self, key: ExecKey) -> None:
         """Start an executor now, so the first chunk of its leases does not wait for it."""
+        self._last_busy = time.monotonic()
         exe = self._procs.get(key) or self._adopt_spare(key)
         if not self._closed and (exe is None or not exe.alive):
             self._start_task(key)
@@ -85,6 +87,7 @@ class ExecutorPool:
             ChunkFailed: the chunk's work failed (a permanent kind, from the executor).
         """
         key = self.key_of(lease, alone)
+        self._last_busy = time.monotonic()
         self._entering[key] += 1
         try:
             exe = await self._executor(key)
@@ -163,6 +166,11 @@ class ExecutorPool:
             if key not in self._procs and key not in self._starting:
                 self._start_task(key)
 
+    async def spares_ready(self) -> None:
+        """Wait until the spares being started are up (or failed: chunks start their own)."""
+        starting = [t for key, t in self._starting.items() if key[1:] == _SPARE]
+        await asyncio.gather(*starting, return_exceptions=True)
+
     def _adopt_spare(self, key: ExecKey) -> ExecutorProcess | None:
         spare = self._procs.get(_spare_key(key[0]))
         if spare is None or not spare.alive or not spare.ready.done():
@@ -184,8 +192,11 @@ class ExecutorPool:
         return task
 
     async def _start(self, key: ExecKey) -> ExecutorProcess:
+        gpu = self.gpus[key[0]]
+        # A per-lease process runs one chunk at a time; a shared one, one per slice of its GPU.
+        slots = 1 if key[2] and key[1:] != _SPARE else gpu.total_bytes // self.settings.slice_bytes
         exe = await ExecutorProcess.spawn(
-            key, self.gpus[key[0]], self.settings.kernel_modules, self._exited
+            key, gpu, self.settings.kernel_modules, self._exited, slots=max(1, slots)
         )
         self._procs[key] = exe
         self.started_total += 1
