@@ -3,9 +3,11 @@
 A lease is an execution slot: 8 leases must run 8 chunks at once. Each chunk is a Python
 function that sleeps `--chunk-s` (a stand-in for a kernel that keeps its slot busy), so the
 speed-up measures the slots, not the CPU. One worker process (`--allow-code`, one simulated
-GPU of 8 slices) on an embedded server; one JSON line.
+GPU of 8 slices) on an embedded server; one JSON line, with the executor processes left
+running at the end and their resident memory (the cost of the isolation level).
 
     python bench/slots.py                  # 32 chunks of 0.1 s, 3 runs each, medians
+    python bench/slots.py --isolation process   # one executor process per lease
 """
 
 from __future__ import annotations
@@ -39,15 +41,37 @@ async def timed(fabric: Fabric, n: int, chunk_s: float, slices: int, run: int) -
     return float(result.phases_s["total_s"])
 
 
-async def bench(fleet: LocalFleet, n: int, chunk_s: float, runs: int) -> dict[str, object]:
-    """Median job time on 1 and on 8 slots."""
+def executors_rss_bytes() -> tuple[int, int]:
+    """(count, summed resident memory) of this machine's executor processes, from /proc."""
+    count, rss = 0, 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"vramfabric.worker.executor" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/statm") as f:
+                rss += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            count += 1
+        except OSError:
+            continue  # the process ended meanwhile
+    return count, rss
+
+
+async def bench(
+    fleet: LocalFleet, n: int, chunk_s: float, runs: int, isolation: str
+) -> dict[str, object]:
+    """Median job time on 1 and on 8 slots, and the executors it took."""
     settings = CoordinatorSettings(slice_bytes=2**30)
     async with await Fabric.connect(fleet.broker, settings) as fabric:
         await timed(fabric, 8, 0.01, 8, -1)  # warm-up: executors started, code cached
         one = [await timed(fabric, n, chunk_s, 1, r) for r in range(runs)]
         eight = [await timed(fabric, n, chunk_s, 8, r) for r in range(runs)]
+        procs, rss = executors_rss_bytes()
     return {
         "bench": "slots",
+        "isolation": isolation,
+        "executor_processes": procs,
+        "executors_rss_mib": round(rss / 2**20, 1),
         "chunks": n,
         "chunk_s": chunk_s,
         "runs": runs,
@@ -69,12 +93,16 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--chunk-s", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--isolation", choices=("thread", "process"), default="thread")
     args = parser.parse_args()
     fleet = LocalFleet(
-        workers=1, simulate="1x8GiB", slice_size="1GiB", worker_args=("--allow-code",)
+        workers=1,
+        simulate="1x8GiB",
+        slice_size="1GiB",
+        worker_args=("--allow-code", "--isolation", args.isolation),
     )
     with fleet:
-        line = asyncio.run(bench(fleet, args.chunks, args.chunk_s, args.runs))
+        line = asyncio.run(bench(fleet, args.chunks, args.chunk_s, args.runs, args.isolation))
     print(json.dumps(line), flush=True)
     return 0
 

@@ -138,6 +138,7 @@ class Agent:
     def _on_change(self, tenant: str, job: str) -> None:
         self._heartbeat.poke()
         key = (tenant, job)
+        self._reap_executors()
         if not self._stopping:
             # Start the slots' executors while the coordinator is still submitting.
             for exec_key in {self.executors.key_of(x) for x in self.ledger.leases_of(*key)}:
@@ -152,9 +153,12 @@ class Agent:
     def _on_beat(self, expired: list[Lease]) -> None:
         for key in {(lease.tenant, lease.job) for lease in expired}:
             self._on_change(*key)
+        self._reap_executors()
+        self.executors.keep_spares()
+
+    def _reap_executors(self) -> None:
         live = {self.executors.key_of(lease) for lease in self.ledger.holding()}
         self.executors.reap(live, time.monotonic())
-        self.executors.keep_spares()
 
     async def _run_puller(self, key: JobKey) -> None:
         try:

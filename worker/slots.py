@@ -172,7 +172,15 @@ class ExecutorPool:
         await asyncio.gather(*starting, return_exceptions=True)
 
     def _adopt_spare(self, key: ExecKey) -> ExecutorProcess | None:
-        spare = self._procs.get(_spare_key(key[0]))
+        # An idle process of the same tenant on this GPU first (a lease's own process whose
+        # lease has ended: starting one per lease per job would cost a process start each),
+        # then the GPU's spare.
+        idle = [
+            exe
+            for k, exe in self._procs.items()
+            if k[:2] == key[:2] and k[2].startswith(_IDLE) and exe.alive and exe.ready.done()
+        ]
+        spare = idle[0] if idle else self._procs.get(_spare_key(key[0]))
         if spare is None or not spare.alive or not spare.ready.done():
             return None
         del self._procs[spare.key]
@@ -213,14 +221,22 @@ class ExecutorPool:
             del self._procs[exe.key]
 
     def reap(self, live: set[ExecKey], now: float) -> int:
-        """Stop idle executors no lease needs: at once for per-lease ones, else after a while."""
+        """Stop executors no lease has needed for `executor_idle_s`.
+
+        A lease's own process whose lease has ended is kept idle for its tenant's next lease
+        on that GPU until then.
+        """
         stopped = 0
         for key, exe in list(self._procs.items()):
             if exe.tasks or key in live or key in self._entering or key[1:] == _SPARE:
                 continue
-            if key[2] or now - exe.idle_since > self.settings.executor_idle_s:
+            if now - exe.idle_since > self.settings.executor_idle_s:
                 exe.kill("idle: no lease needs it")
                 stopped += 1
+            elif key[2] and not key[2].startswith(_IDLE):
+                del self._procs[key]
+                exe.key = (key[0], key[1], f"{_IDLE}{exe.proc.pid}")
+                self._procs[exe.key] = exe
         return stopped
 
     async def close(self) -> None:
@@ -235,6 +251,8 @@ class ExecutorPool:
 
 
 _SPARE = ("", "spare")
+# Third key field of a lease's own process kept after its lease ended.
+_IDLE = "idle:"
 
 
 def _spare_key(gpu: int) -> ExecKey:

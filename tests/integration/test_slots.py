@@ -102,6 +102,24 @@ async def test_eight_leases_run_eight_chunks_at_once(
     assert max(ends) - min(starts) < 0.6
 
 
+async def test_process_isolation_runs_each_lease_in_a_process_of_its_own(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a node that gives each lease its own executor process, after a first job (whose
+    # leases each had to wait for a process to start; the next job's leases take them over)
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True, isolation="process")
+    fabric = await fabric_factory()
+    first = await fabric.run(Job(timed_sleep, [0.01] * 4), Gather(), slices=4, timeout_s=30)
+    # When 4 chunks of 0.25 s run on 4 leases
+    result = await fabric.run(Job(timed_sleep, [0.25] * 4), Gather(), slices=4, timeout_s=30)
+    # Then each job ran in 4 different processes, and the second one's chunks ran at once
+    assert first.n_ok == result.n_ok == 4
+    assert len({pid for _s, _e, pid in first.value}) == 4
+    starts, ends, pids = zip(*result.value, strict=True)
+    assert len(set(pids)) == 4
+    assert max(starts) < min(ends)
+
+
 async def test_node_that_joins_mid_job_takes_a_share(
     conn: Connection,
     broker: BrokerSettings,
