@@ -71,9 +71,15 @@ def decode(cls: type[T], data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
     return _structure(cls, body, what)
 
 
+# Values that msgpack takes as they are: checked first, since most fields are one of these.
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
 def _unstructure(value: Any) -> Any:
+    if isinstance(value, _PLAIN) and not isinstance(value, enum.Enum):
+        return value
     if attrs.has(type(value)):
-        return {f.name: _unstructure(getattr(value, f.name)) for f in attrs.fields(type(value))}
+        return {name: _unstructure(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
@@ -81,6 +87,11 @@ def _unstructure(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _unstructure(v) for k, v in value.items()}
     return value
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in attrs.fields(cls))
 
 
 def _structure(cls: type[T], body: dict[str, Any], what: str) -> T:

@@ -14,7 +14,6 @@ that crashes or hangs its process takes its neighbours down at most once.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import time
@@ -48,7 +47,7 @@ class ExecutorPool:
     _starting: dict[ExecKey, asyncio.Task[ExecutorProcess]] = attrs.field(factory=dict, init=False)
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
     # Chunks on their way into an executor (it may still be starting): never reap those.
-    _entering: collections.Counter[ExecKey] = attrs.field(factory=collections.Counter, init=False)
+    _entering: dict[ExecKey, int] = attrs.field(factory=dict, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     # When a lease last warmed or a chunk last started or ended here: spares are made only
     # after a quiet spell.
@@ -88,13 +87,13 @@ class ExecutorPool:
         """
         key = self.key_of(lease, alone)
         self._last_busy = time.monotonic()
-        self._entering[key] += 1
+        self._entering[key] = self._entering.get(key, 0) + 1
         try:
             exe = await self._executor(key)
         finally:
-            self._entering[key] -= 1
-            if not self._entering[key]:
-                del self._entering[key]
+            left = self._entering.pop(key) - 1
+            if left:
+                self._entering[key] = left
         task_id = next(self._ids)
         loop = asyncio.get_running_loop()
         task = Running(loop.create_future(), save)

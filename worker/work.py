@@ -9,6 +9,7 @@ that it may run the job's code at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 from collections import OrderedDict
@@ -35,6 +36,12 @@ class Work:
     name: str
     digest: str
     blob: bytes | None = None
+
+
+@functools.lru_cache(maxsize=256)
+def _builtin(name: str, digest: str) -> Work:
+    """A registered kernel's work (one object per kernel, not one per chunk)."""
+    return Work("builtin", name, digest)
 
 
 def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | None:
@@ -67,7 +74,7 @@ class WorkLoader:
             Disconnected: the store could not be reached (transient).
         """
         if spec.kernel_kind == "builtin":
-            return Work("builtin", spec.kernel, spec.kernel_digest)
+            return _builtin(spec.kernel, spec.kernel_digest)
         blob = self._blobs.get(spec.kernel_digest)
         if blob is None:
             task = self._fetching.get(spec.kernel_digest)
