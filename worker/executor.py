@@ -1,11 +1,10 @@
 """An executor process: runs chunks for one GPU (and one tenant) on one thread per lease.
 
-Started by the node agent (`worker/slots.py`) as `python -m vramfabric.worker.executor`.
+Started by the node agent (`worker/process.py`) as `python -m vramfabric.worker.executor`.
 Frames (worker/ipc.py) come in on stdin and go out on a private copy of stdout; the real
 stdout is pointed at stderr so that a user's `print` cannot corrupt the frame stream. Each
-`run` frame runs on its own thread; on a GPU each chunk gets its own CUDA stream and a CuPy
-memory pool capped at its lease's slice. This process may crash, hang or be killed at any
-time: the agent fails its running chunks and starts another.
+`run` frame runs on its own thread (worker/running.py runs the work). This process may
+crash, hang or be killed at any time: the agent fails its running chunks and starts another.
 """
 
 from __future__ import annotations
@@ -16,20 +15,15 @@ import os
 import pickle
 import sys
 import threading
-import traceback
-import types
-from collections.abc import Callable
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from vramfabric.broker.errors import ErrorKind
-from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, builtin_registry
-from vramfabric.kernels.code import Context, PythonCode, python_version
-from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
+from vramfabric.kernels import builtin_registry
+from vramfabric.kernels.code import Context, python_version
 from vramfabric.kernels.registry import load_registry
 
 from . import ipc
+from .running import Failure, WorkRunner, is_cuda_error, summary
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0
@@ -39,15 +33,6 @@ MAX_THREADS = 4096
 PRESTART_THREADS = 256
 # Exit code when a CUDA error may have poisoned this process's context.
 EXIT_POISONED = 70
-_TRACEBACK_FRAMES = 4
-
-
-class Failure(Exception):
-    """A chunk failed with a known kind; the message goes into its result."""
-
-    def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class Executor:
@@ -55,22 +40,14 @@ class Executor:
 
     def __init__(self, args: argparse.Namespace, out: BinaryIO) -> None:
         """Build the registry and the device handles for `args`."""
-        self.gpu: int | None = None if args.simulated else 0
-        self.registry = load_registry(builtin_registry(), args.kernel_module)
-        self.xp: types.ModuleType = np
-        if not args.simulated:
-            import cupy
-
-            self.xp = cupy
-        self.modules = ModuleCache()
+        self.runner = WorkRunner(
+            load_registry(builtin_registry(), args.kernel_module), args.simulated
+        )
         self._out = out
         # Frames waiting to be written, and whether a thread is writing them now.
         self._pending: list[bytes] = []
         self._pending_lock = threading.Lock()
         self._flushing = False
-        self._blobs: dict[str, bytes] = {}
-        self._loaded: dict[str, Any] = {}
-        self._load_lock = threading.Lock()
         self._checkpoints: dict[int, tuple[threading.Event, list[str | None]]] = {}
         # One thread per lease that may run here (the agent sends one chunk per lease at a
         # time), started now: a thread started mid-burst waits for the GIL behind the busy
@@ -113,7 +90,7 @@ class Executor:
             frame = ipc.unpack(_read_exact(inp, ipc.length_of(header)))
             op = frame["op"]
             if op == "load":
-                self._blobs[frame["digest"]] = frame["blob"]
+                self.runner.add_blob(frame["digest"], frame["blob"])
             elif op == "run":
                 self._pool.submit(self._run, frame)
             elif op == "checkpointed":
@@ -125,13 +102,13 @@ class Executor:
     def _run(self, frame: dict[str, Any]) -> None:
         task = frame["task"]
         try:
-            output = self._execute(frame)
+            output = self.runner.execute(frame, self._context(frame))
             reply: dict[str, Any] = {"op": "done", "task": task, "ok": True, "output": output}
         except Failure as exc:
             reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
             reply["error"] = str(exc)
         except Exception as exc:
-            if _is_cuda_error(exc):
+            if is_cuda_error(exc):
                 # A CUDA error can leave the context unusable for every thread: report, then
                 # die, and the agent fails this process's other chunks and starts another.
                 self.send(
@@ -146,100 +123,16 @@ class Executor:
                 os._exit(EXIT_POISONED)
             # Unexpected exceptions in user code are permanent: the message names the cause.
             reply = {"op": "done", "task": task, "ok": False, "kind": ErrorKind.ERROR.value}
-            reply["error"] = _summary(exc)
+            reply["error"] = summary(exc)
         self.send(reply)
-
-    def _execute(self, frame: dict[str, Any]) -> bytes:
-        kind, data, slice_bytes = frame["kind"], bytes(frame["input"]), frame["slice_bytes"]
-        if self.gpu is None:
-            return self._dispatch(kind, frame, data, slice_bytes, self._context(frame))
-        return self._on_gpu(kind, frame, data, slice_bytes)
-
-    def _on_gpu(self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
-        cupy = self.xp
-        pool = cupy.cuda.MemoryPool()
-        pool.set_limit(size=slice_bytes)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        # using_allocator and the current stream are per thread: this chunk's alone.
-        with cupy.cuda.Device(0), stream, cupy.cuda.using_allocator(pool.malloc):
-            try:
-                out = self._dispatch(kind, frame, data, slice_bytes, self._context(frame))
-                stream.synchronize()
-                return out
-            except cupy.cuda.memory.OutOfMemoryError as exc:
-                raise Failure(
-                    ErrorKind.VRAM_EXCEEDED,
-                    f"slice VRAM exceeded: limit_bytes={slice_bytes} ({exc})",
-                ) from None
-            finally:
-                pool.free_all_blocks()
-
-    def _dispatch(
-        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
-    ) -> bytes:
-        try:
-            if kind == "builtin":
-                return self._builtin(frame, data, slice_bytes)
-            if kind == "python":
-                code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
-                return code.call(fn, data, ctx)  # type: ignore[no-any-return]
-            if kind == "cuda":
-                return self._cuda(frame, data, slice_bytes)
-        except KernelMissing as exc:
-            raise Failure(ErrorKind.KERNEL_NOT_FOUND, str(exc.args[0])) from None
-        except KernelCompileError as exc:
-            raise Failure(ErrorKind.LOAD_FAILED, f"{exc}\n{exc.log}".strip()) from None
-        except NoReference as exc:
-            raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
-        except KernelArgumentError as exc:
-            raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
-        except MemoryError:
-            raise Failure(
-                ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}"
-            ) from None
-        raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
-
-    def _builtin(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
-        kernel: Kernel = self.registry.get_kernel(frame["name"], frame["digest"])
-        need = kernel.vram_bytes(len(data))
-        if self.gpu is None and need > slice_bytes:
-            # NumPy has no pool to cap: check the kernel's declared working set up front.
-            raise Failure(
-                ErrorKind.VRAM_EXCEEDED,
-                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
-            )
-        return kernel.run(self.xp, frame["args"], data)
-
-    def _cuda(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
-        kernel, _ = self._load(frame["digest"], CudaKernel.from_blob, None)
-        if self.gpu is not None:
-            return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
-        need = len(data) + kernel.max_output_bytes
-        if need > slice_bytes:
-            raise Failure(
-                ErrorKind.VRAM_EXCEEDED,
-                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
-            )
-        return kernel.run_reference(np, data)  # type: ignore[no-any-return]
-
-    def _load(self, digest: str, parse: Callable[[bytes], Any], method: str | None) -> Any:
-        """The parsed blob (and, for callables, the unpickled function), once per process."""
-        with self._load_lock:
-            if digest not in self._loaded:
-                blob = self._blobs.get(digest)
-                if blob is None:
-                    raise Failure(ErrorKind.LOAD_FAILED, f"blob {digest[:12]} was never loaded")
-                parsed = parse(blob)
-                self._loaded[digest] = (parsed, getattr(parsed, method)() if method else None)
-            return self._loaded[digest]
 
     def _context(self, frame: dict[str, Any]) -> Context:
         task = frame["task"]
         resumed = frame.get("resumed")
         return Context(
-            device=self.gpu,
+            device=self.runner.gpu,
             slice_bytes=frame["slice_bytes"],
-            xp=self.xp,
+            xp=self.runner.xp,
             attempt=frame["attempt"],
             job=frame["job"],
             index=frame["index"],
@@ -281,17 +174,6 @@ def _read_exact(inp: BinaryIO, n: int) -> bytes:
         parts.append(part)
         left -= len(part)
     return b"".join(parts)
-
-
-def _summary(exc: BaseException) -> str:
-    """The exception and the last frames of its traceback (the user's code, usually)."""
-    tb = traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES)
-    return "".join(tb).strip()[-2000:]
-
-
-def _is_cuda_error(exc: BaseException) -> bool:
-    module = type(exc).__module__ or ""
-    return module.startswith("cupy_backends.cuda") or module.startswith("cupy.cuda")
 
 
 def _private_pipes() -> tuple[BinaryIO, BinaryIO]:

@@ -1,0 +1,153 @@
+"""WorkRunner: runs one chunk's work inside an executor process, on its device, in its slice.
+
+The work is a registered kernel (by name and digest), a Python function or a CUDA kernel
+(both from blobs the agent sent once, parsed and loaded once per process). On a GPU each chunk
+gets its own CUDA stream and a CuPy memory pool capped at its lease's slice. Kernel errors
+become a `Failure` of the matching kind; anything else the work raises is the caller's.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vramfabric.broker.errors import ErrorKind
+from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, Registry
+from vramfabric.kernels.code import Context, PythonCode
+from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
+
+_TRACEBACK_FRAMES = 4
+
+
+class Failure(Exception):
+    """A chunk failed with a known kind; the message goes into its result."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class WorkRunner:
+    """The work this process can run: the registry, the loaded blobs and the device."""
+
+    def __init__(self, registry: Registry, simulated: bool) -> None:
+        """Use NumPy on a simulated GPU, else CuPy on device 0 (the only one visible)."""
+        self.registry = registry
+        self.gpu: int | None = None if simulated else 0
+        self.xp: types.ModuleType = np
+        if not simulated:
+            import cupy
+
+            self.xp = cupy
+        self.modules = ModuleCache()
+        self._blobs: dict[str, bytes] = {}
+        self._loaded: dict[str, Any] = {}
+        self._load_lock = threading.Lock()
+
+    def add_blob(self, digest: str, blob: bytes) -> None:
+        """Keep an uploaded work's blob for the chunks that will name it."""
+        self._blobs[digest] = blob
+
+    def execute(self, frame: dict[str, Any], ctx: Context) -> bytes:
+        """Run one `run` frame's work; Failure for a known kind of failure."""
+        kind, data, slice_bytes = frame["kind"], bytes(frame["input"]), frame["slice_bytes"]
+        if self.gpu is None:
+            return self._dispatch(kind, frame, data, slice_bytes, ctx)
+        return self._on_gpu(kind, frame, data, slice_bytes, ctx)
+
+    def _on_gpu(
+        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
+    ) -> bytes:
+        cupy = self.xp
+        pool = cupy.cuda.MemoryPool()
+        pool.set_limit(size=slice_bytes)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        # using_allocator and the current stream are per thread: this chunk's alone.
+        with cupy.cuda.Device(0), stream, cupy.cuda.using_allocator(pool.malloc):
+            try:
+                out = self._dispatch(kind, frame, data, slice_bytes, ctx)
+                stream.synchronize()
+                return out
+            except cupy.cuda.memory.OutOfMemoryError as exc:
+                raise Failure(
+                    ErrorKind.VRAM_EXCEEDED,
+                    f"slice VRAM exceeded: limit_bytes={slice_bytes} ({exc})",
+                ) from None
+            finally:
+                pool.free_all_blocks()
+
+    def _dispatch(
+        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
+    ) -> bytes:
+        try:
+            if kind == "builtin":
+                return self._builtin(frame, data, slice_bytes)
+            if kind == "python":
+                code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
+                return code.call(fn, data, ctx)  # type: ignore[no-any-return]
+            if kind == "cuda":
+                return self._cuda(frame, data, slice_bytes)
+        except KernelMissing as exc:
+            raise Failure(ErrorKind.KERNEL_NOT_FOUND, str(exc.args[0])) from None
+        except KernelCompileError as exc:
+            raise Failure(ErrorKind.LOAD_FAILED, f"{exc}\n{exc.log}".strip()) from None
+        except NoReference as exc:
+            raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
+        except KernelArgumentError as exc:
+            raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
+        except MemoryError:
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}"
+            ) from None
+        raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
+
+    def _builtin(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
+        kernel: Kernel = self.registry.get_kernel(frame["name"], frame["digest"])
+        need = kernel.vram_bytes(len(data))
+        if self.gpu is None and need > slice_bytes:
+            # NumPy has no pool to cap: check the kernel's declared working set up front.
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED,
+                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
+            )
+        return kernel.run(self.xp, frame["args"], data)
+
+    def _cuda(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
+        kernel, _ = self._load(frame["digest"], CudaKernel.from_blob, None)
+        if self.gpu is not None:
+            return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
+        need = len(data) + kernel.max_output_bytes
+        if need > slice_bytes:
+            raise Failure(
+                ErrorKind.VRAM_EXCEEDED,
+                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
+            )
+        return kernel.run_reference(np, data)  # type: ignore[no-any-return]
+
+    def _load(self, digest: str, parse: Callable[[bytes], Any], method: str | None) -> Any:
+        """The parsed blob (and, for callables, the unpickled function), once per process."""
+        with self._load_lock:
+            if digest not in self._loaded:
+                blob = self._blobs.get(digest)
+                if blob is None:
+                    raise Failure(ErrorKind.LOAD_FAILED, f"blob {digest[:12]} was never loaded")
+                parsed = parse(blob)
+                self._loaded[digest] = (parsed, getattr(parsed, method)() if method else None)
+            return self._loaded[digest]
+
+
+def summary(exc: BaseException) -> str:
+    """The exception and the last frames of its traceback (the user's code, usually)."""
+    tb = traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES)
+    return "".join(tb).strip()[-2000:]
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """Whether CuPy raised it for a CUDA error (the context may be poisoned)."""
+    module = type(exc).__module__ or ""
+    return module.startswith("cupy_backends.cuda") or module.startswith("cupy.cuda")
