@@ -48,8 +48,14 @@ def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | N
     """Why this node must not run the job's code, or None if it may."""
     python_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
     if python_code and not allow_code:
-        what = "Python callables" if spec.kernel_kind == "python" else "a CUDA kernel's reference"
-        return CodeRefused(f"this worker does not run {what} (it was started without --allow-code)")
+        if spec.kernel_kind == "python":
+            why = "this worker does not run Python functions"
+        else:
+            why = (
+                "this worker simulates its GPUs, so it runs a CUDA kernel only through the "
+                "kernel's Python reference, and it does not run Python code"
+            )
+        return CodeRefused(f"{why} (it was started without --allow-code)")
     if spec.kernel_kind == "python" and spec.python != python_version():
         return CodeRefused(
             f"the job's function was pickled on Python {spec.python or '?'}; this worker "

@@ -335,3 +335,45 @@ def test_leases_of_is_per_tenant_and_job() -> None:
     ledger.reap(T0 + 30)
     assert ledger.leases_of("acme", "j1") == []
     assert len(ledger) == 0
+
+
+def test_released_busy_lease_keeps_its_vram_until_its_slot_is_idle() -> None:
+    # Given a 2 GiB GPU with both slices leased, one of them running a chunk
+    ledger = make_ledger(2)
+    first, second = ledger.grant(req(count=2), "acme", T0).leases
+    ledger.occupy(first.lease_id)
+    # When both are released
+    assert sorted(ledger.release([first.lease_id, second.lease_id], "acme").released) == sorted(
+        [first.lease_id, second.lease_id]
+    )
+    # Then the busy one is gone for its holder but its VRAM is not free: one slice is grantable
+    assert not ledger.is_live(first.lease_id, T0) and ledger.get(first.lease_id) is None
+    assert ledger.advert(T0).gpus[0].leased_bytes == GiB
+    assert len(ledger.grant(req("r2", count=2), "beta", T0).leases) == 1
+    # And once its chunk ends the slice comes back
+    ledger.vacate(first.lease_id)
+    assert len(ledger.grant(req("r3", count=2), "beta", T0).leases) == 1
+    assert ledger.advert(T0).gpus[0].leased_bytes == 2 * GiB
+
+
+def test_expired_busy_lease_is_reaped_but_holds_its_vram_until_idle() -> None:
+    ledger = make_ledger(1)
+    (lease,) = ledger.grant(req(ttl_s=10.0), "acme", T0).leases
+    ledger.occupy(lease.lease_id)
+    assert [x.lease_id for x in ledger.reap(T0 + 10)] == [lease.lease_id]
+    assert ledger.grant(req("r2"), "beta", T0 + 10).denied is not None
+    ledger.vacate(lease.lease_id)
+    assert len(ledger.grant(req("r3"), "beta", T0 + 10).leases) == 1
+
+
+def test_expiry_runs_on_the_clock_passed_in_while_expires_at_is_wall_time() -> None:
+    # Given a grant made at monotonic time 100 and wall time T0
+    ledger = make_ledger(1)
+    (lease,) = ledger.grant(req(ttl_s=30.0), "acme", 100.0, T0).leases
+    # Then the holder reads a unix expiry, and the node expires it on its own clock
+    assert lease.expires_at == T0 + 30.0
+    assert ledger.is_live(lease.lease_id, 129.9)
+    assert not ledger.is_live(lease.lease_id, 130.0)
+    renewed = ledger.renew([lease.lease_id], "acme", 30.0, 120.0, T0 + 20)
+    assert renewed.expires_at[lease.lease_id] == T0 + 50.0
+    assert ledger.is_live(lease.lease_id, 149.0)

@@ -253,3 +253,23 @@ def test_coordinator_lease_batch_fits_one_lease_request() -> None:
         CoordinatorSettings(max_lease_batch=MAX_LEASE_COUNT + 1)
     with pytest.raises(ValueError, match="max_lease_batch"):
         CoordinatorSettings(max_lease_batch=0)
+
+
+def test_worker_execution_settings_from_the_environment() -> None:
+    s = WorkerSettings.from_env(
+        {
+            "VRAMFABRIC_ISOLATION": "process",
+            "VRAMFABRIC_ALLOW_CODE": "yes",
+            "VRAMFABRIC_CHUNK_TIMEOUT_S": "90",
+        }
+    )
+    assert (s.isolation, s.allow_code, s.chunk_timeout_s) == ("process", True, 90.0)
+    assert not WorkerSettings.from_env({}).allow_code
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("VRAMFABRIC_ISOLATION", "vm"), ("VRAMFABRIC_ALLOW_CODE", "maybe")]
+)
+def test_worker_bad_execution_settings_are_rejected(name: str, value: str) -> None:
+    with pytest.raises(ValueError):
+        WorkerSettings.from_env({name: value})

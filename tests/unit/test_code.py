@@ -1,0 +1,110 @@
+"""kernels/code.py: Python functions pickled by value, their context, inputs and outputs."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vramfabric.kernels.code import Context, PythonCode, encode_input, python_version, wants_context
+from vramfabric.kernels.kernel import KernelArgumentError
+
+OFFSET = 7
+
+
+def add_offset(x: int) -> int:
+    """Uses a module-level constant: it must travel with the function."""
+    return x + OFFSET
+
+
+def with_ctx(x: int, ctx: Context) -> tuple[int, int, int | None]:
+    ctx.checkpoint({"seen": x})
+    return x, ctx.slice_bytes, ctx.device
+
+
+def context(saved: list[bytes]) -> Context:
+    return Context(
+        device=None, slice_bytes=2**20, xp=np, attempt=1, job="j", index=0, save=saved.append
+    )
+
+
+def test_a_function_round_trips_and_runs_on_pickled_inputs() -> None:
+    code = PythonCode.from_blob(PythonCode.of(add_offset).to_blob())
+    out = code.call(code.load(), encode_input(5), context([]))
+    assert pickle.loads(out) == 12
+    assert code.python == python_version()
+
+
+def test_a_function_with_ctx_gets_its_context_and_checkpoints() -> None:
+    saved: list[bytes] = []
+    code = PythonCode.of(with_ctx)
+    out = pickle.loads(code.call(code.load(), encode_input(3), context(saved)))
+    assert out == (3, 2**20, None)
+    assert [pickle.loads(s) for s in saved] == [{"seen": 3}]
+    assert wants_context(with_ctx) and not wants_context(add_offset)
+
+
+def test_a_function_from_a_test_file_runs_where_the_file_cannot_be_imported(
+    tmp_path: Path,
+) -> None:
+    # Given a function of this module, pickled by value, and a Python that cannot import it
+    blob = tmp_path / "fn.bin"
+    blob.write_bytes(PythonCode.of(add_offset).to_blob())
+    script = (
+        "import pickle, sys\n"
+        "from vramfabric.kernels.code import Context, PythonCode, encode_input\n"
+        "code = PythonCode.from_blob(open(sys.argv[1], 'rb').read())\n"
+        "out = code.call(code.load(), encode_input(1), None)\n"
+        "print(pickle.loads(out))\n"
+    )
+    # When it runs there
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(blob)], cwd=tmp_path, capture_output=True, text=True
+    )
+    # Then it computes with the constant it carried
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "8"
+
+
+def test_another_python_version_is_refused_naming_both() -> None:
+    code = PythonCode.of(add_offset)
+    other = PythonCode(fn_bytes=code.fn_bytes, python="2.7", max_output_bytes=100)
+    with pytest.raises(KernelArgumentError, match=r"Python 2\.7.*" + python_version()):
+        other.load()
+
+
+def test_an_output_over_the_limit_names_both_sizes() -> None:
+    code = PythonCode.of(lambda x: b"x" * x, max_output_bytes=100)
+    with pytest.raises(
+        KernelArgumentError, match=r"output of \d+ bytes exceeds max_output_bytes=100"
+    ):
+        code.call(code.load(), encode_input(1000), context([]))
+
+
+@pytest.mark.parametrize("blob", [b"", b"\xc1", pickle.dumps({"kind": "python"})])
+def test_a_bad_blob_is_a_clear_error(blob: bytes) -> None:
+    with pytest.raises(KernelArgumentError, match="not a Python-code blob"):
+        PythonCode.from_blob(blob)
+
+
+def test_not_callable_work_is_refused() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        PythonCode.of(42)  # type: ignore[arg-type]
+
+
+def test_a_function_that_cannot_be_pickled_is_refused() -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def holds_a_lock(x: Any) -> Any:
+        with lock:
+            return x
+
+    with pytest.raises(TypeError, match="cannot pickle"):
+        PythonCode.of(holds_a_lock)

@@ -1,0 +1,56 @@
+"""worker/work.py and worker/ipc.py: who may run what, and the executor frames."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramfabric.broker.messages import JobSpec
+from vramfabric.kernels.code import python_version
+from vramfabric.worker import ipc
+from vramfabric.worker.work import refusal
+
+
+def spec(kind: str, python: str = "") -> JobSpec:
+    return JobSpec(
+        tenant="t", kernel="k", kernel_digest="d", n_chunks=1, kernel_kind=kind, python=python
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "python", "allow_code", "simulated", "refused"),
+    [
+        ("builtin", "", False, True, None),
+        ("python", python_version(), False, True, "--allow-code"),
+        ("python", python_version(), True, True, None),
+        ("python", "2.7", True, False, "Python 2.7"),
+        ("cuda", "", False, False, None),
+        ("cuda", "", False, True, "simulates its GPUs"),
+        ("cuda", "", True, True, None),
+    ],
+)
+def test_a_node_refuses_code_it_may_not_run(
+    kind: str, python: str, allow_code: bool, simulated: bool, refused: str | None
+) -> None:
+    why = refusal(spec(kind, python), allow_code, simulated)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in str(why)
+
+
+def test_frames_round_trip() -> None:
+    frame = {"op": "run", "task": 3, "input": b"\x00\x01", "args": {"a": 1.5}}
+    data = ipc.pack(frame)
+    assert ipc.length_of(data[: ipc.HEADER_BYTES]) == len(data) - ipc.HEADER_BYTES
+    assert ipc.unpack(data[ipc.HEADER_BYTES :]) == frame
+
+
+def test_an_oversized_frame_header_is_refused() -> None:
+    with pytest.raises(ValueError, match="exceeds"):
+        ipc.length_of((ipc.MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
+
+
+@pytest.mark.parametrize("body", [b"\x93\x01\x02\x03", b"\x81\xa1x\x01"])
+def test_a_frame_that_is_not_a_map_with_an_op_is_refused(body: bytes) -> None:
+    with pytest.raises(ValueError, match="op"):
+        ipc.unpack(body)
