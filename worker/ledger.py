@@ -187,10 +187,6 @@ class SliceLedger:
         """Every lease that holds VRAM: the live ones and those whose slot still runs."""
         return [*self._leases.values(), *self._retiring.values()]
 
-    def busy(self, lease_id: str) -> bool:
-        """Whether the lease's slot is running a chunk."""
-        return lease_id in self._busy
-
     def leases_of(self, tenant: str, job: str) -> list[Lease]:
         """The leases held for one job of one tenant."""
         return [self._leases[i] for i in self._by_job.get((tenant, job), ())]

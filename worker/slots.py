@@ -52,7 +52,6 @@ class ExecutorPool:
     # When a lease last warmed or a chunk last started or ended here: spares are made only
     # after a quiet spell.
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
-    started_total: int = attrs.field(default=0, init=False)
 
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
@@ -206,7 +205,6 @@ class ExecutorPool:
             key, gpu, self.settings.kernel_modules, self._exited, slots=max(1, slots)
         )
         self._procs[key] = exe
-        self.started_total += 1
         try:
             await asyncio.wait_for(asyncio.shield(exe.ready), START_PATIENCE_S)
         except TimeoutError:
