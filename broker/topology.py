@@ -195,34 +195,42 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
 
 
 async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
-    return await _patient(lambda: _bucket_once(js, config))
+    return await _patient(
+        lambda: _create_or_share(
+            lambda: js.create_key_value(config), lambda: js.key_value(config.bucket), config.bucket
+        )
+    )
 
 
-async def _bucket_once(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def _create_or_share(
+    create: Callable[[], Awaitable[T]], existing: Callable[[], Awaitable[T]], name: str
+) -> T:
+    """Create a bucket or store; one made by another process with other settings is shared."""
     try:
-        return await js.create_key_value(config)
+        return await create()
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
             raise from_nats(exc) from exc
-        # Another process made it with other settings (say a longer node TTL): share theirs.
-        log.warning("bucket exists with a different config bucket=%s", config.bucket)
+        # Say a longer node TTL, or defaults the server filled in: theirs is as good.
+        log.info("bucket exists with a different config bucket=%s", name)
     except Exception as exc:
         raise from_nats(exc) from exc
     try:
-        return await js.key_value(config.bucket)
+        return await existing()
     except Exception as exc:
         raise from_nats(exc) from exc
+
+
+def _plain_bucket(settings: BrokerSettings, name: str) -> KeyValueConfig:
+    """A bucket keeping the last value of each key, on disk."""
+    return KeyValueConfig(
+        bucket=name, history=1, storage=StorageType.FILE, replicas=settings.replicas
+    )
 
 
 async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
     """The job-spec bucket (`<tenant>.<job>` keys)."""
-    config = KeyValueConfig(
-        bucket=settings.subjects.jobs_bucket(),
-        history=1,
-        storage=StorageType.FILE,
-        replicas=settings.replicas,
-    )
-    return await _bucket(js, config)
+    return await _bucket(js, _plain_bucket(settings, settings.subjects.jobs_bucket()))
 
 
 async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> ObjectStore:
@@ -237,32 +245,16 @@ async def outputs_store(js: JetStreamContext, settings: BrokerSettings, tenant: 
 
 async def checkpoints_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
     """The checkpoints bucket (`<tenant>.<job>.<chunk>` keys, deleted with the result)."""
-    config = KeyValueConfig(
-        bucket=settings.subjects.checkpoints_bucket(),
-        history=1,
-        storage=StorageType.FILE,
-        replicas=settings.replicas,
-    )
-    return await _bucket(js, config)
+    return await _bucket(js, _plain_bucket(settings, settings.subjects.checkpoints_bucket()))
 
 
 async def _object_store(js: JetStreamContext, settings: BrokerSettings, name: str) -> ObjectStore:
     config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=settings.replicas)
-    return await _patient(lambda: _object_store_once(js, config))
-
-
-async def _object_store_once(js: JetStreamContext, config: ObjectStoreConfig) -> ObjectStore:
-    try:
-        # nats-py overwrites config.bucket with its `bucket` argument: pass both.
-        return await js.create_object_store(bucket=config.bucket, config=config)
-    except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
-            raise from_nats(exc) from exc
-        # Made by another process with other settings (the server fills in defaults): share it.
-        log.debug("object store exists with a different config bucket=%s", config.bucket)
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    try:
-        return await js.object_store(config.bucket)
-    except Exception as exc:
-        raise from_nats(exc) from exc
+    return await _patient(
+        lambda: _create_or_share(
+            # nats-py overwrites config.bucket with its `bucket` argument: pass both.
+            lambda: js.create_object_store(bucket=name, config=config),
+            lambda: js.object_store(name),
+            name,
+        )
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.cuda_samples import SAXPY
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings, ErrorKind
 from vramfabric.broker.errors import CodeRefused
@@ -22,13 +23,6 @@ from vramfabric.coordinator.aggregate import Gather
 from vramfabric.kernels import CudaKernel
 
 CLI = [sys.executable, "-m", "vramfabric.coordinator"]
-SAXPY = """
-extern "C" __global__ void saxpy(const float* x, float* y, float a, unsigned long long n_bytes) {
-    unsigned long long n = n_bytes / sizeof(float);
-    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = a * x[i] + 1.0f;
-}
-"""
 MAX_OUTPUT_BYTES = 64  # 16 float32s
 # The same reference as a module beside a JOB.toml (imported there, sent by value).
 REFERENCE_MODULE = '''

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from tests.cuda_samples import SAXPY, SAXPY_PTX
 from vramfabric.kernels import (
     CudaKernel,
     KernelArgumentError,
@@ -25,29 +26,6 @@ from vramfabric.kernels import (
     NoReference,
 )
 
-SAXPY = """
-extern "C" __global__ void saxpy(const float* x, float* y, float a, unsigned long long n_bytes) {
-    unsigned long long n = n_bytes / sizeof(float);
-    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
-    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        y[i] = a * x[i] + 1.0f;
-    }
-}
-"""
-SAXPY_PTX = """
-.version 7.0
-.target sm_52
-.address_size 64
-.visible .entry saxpy(
-    .param .u64 saxpy_param_0,
-    .param .u64 saxpy_param_1,
-    .param .f32 saxpy_param_2,
-    .param .u64 saxpy_param_3
-)
-{
-    ret;
-}
-"""
 ARGS = ("in", "out", ("f32", 2.0), "in_bytes")
 _OFFSET = 1.0
 
