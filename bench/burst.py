@@ -20,7 +20,7 @@ import sys
 import time
 
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
-from vramfabric.coordinator.local import LocalFleet
+from vramfabric.local import LocalFleet
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 

@@ -23,7 +23,7 @@ import time
 
 from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.coordinator.local import LocalFleet
+from vramfabric.local import LocalFleet
 
 
 def nap(seconds: float) -> float:

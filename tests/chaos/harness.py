@@ -27,7 +27,7 @@ from vramfabric.broker import BrokerSettings, NatsServer, RetryPolicy
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.server import die_with_parent
 from vramfabric.coordinator import CoordinatorSettings, Fabric, Fold, Job
-from vramfabric.coordinator.local import LocalFleet
+from vramfabric.local import LocalFleet
 
 HEARTBEAT_S = 0.5
 NODE_TTL_S = 2.0

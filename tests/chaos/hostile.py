@@ -228,7 +228,7 @@ async def run_flood(total: int, seed: int = 0) -> dict[str, Any]:
 
     from vramfabric.broker import NatsServer, connect
     from vramfabric.broker.cluster import free_ports
-    from vramfabric.coordinator.local import LocalFleet
+    from vramfabric.local import LocalFleet
 
     server = NatsServer().start()
     prefix = f"h{uuid.uuid4().hex[:8]}"

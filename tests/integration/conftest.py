@@ -15,7 +15,7 @@ from nats.errors import NoRespondersError
 from tests.helpers import eventually
 from vramfabric.broker import BrokerSettings, connect
 from vramfabric.coordinator import CoordinatorSettings, Fabric
-from vramfabric.coordinator.local import LocalFleet
+from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
 
 

@@ -22,7 +22,7 @@ from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.kernels import CudaKernel
 
-CLI = [sys.executable, "-m", "vramfabric.coordinator"]
+CLI = [sys.executable, "-m", "vramfabric"]
 MAX_OUTPUT_BYTES = 64  # 16 float32s
 # The same reference as a module beside a JOB.toml (imported there, sent by value).
 REFERENCE_MODULE = '''

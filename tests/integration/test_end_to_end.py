@@ -16,11 +16,11 @@ from tests.helpers import poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.coordinator import ArgMin, Job
-from vramfabric.coordinator.demo import reference_argmin
+from vramfabric.demo import reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
-CLI = [sys.executable, "-m", "vramfabric.coordinator"]
+CLI = [sys.executable, "-m", "vramfabric"]
 
 
 def alive(pid: int) -> bool:

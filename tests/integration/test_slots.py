@@ -33,7 +33,7 @@ from vramfabric.broker import (
 )
 from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.coordinator.local import LocalFleet
+from vramfabric.local import LocalFleet
 
 FAST_RETRY = RetryPolicy(max_retries=3, initial_backoff_s=0.1, max_backoff_s=0.5)
 

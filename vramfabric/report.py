@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vramfabric.broker.messages import NodeAdvert
 
-from .fabric import JobResult
-from .results import ResultsConsumer
+from vramfabric.coordinator.fabric import JobResult
+from vramfabric.coordinator.results import ResultsConsumer
 
 err = Console(stderr=True)
 

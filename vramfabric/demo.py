@@ -12,12 +12,12 @@ from vramfabric.broker.settings import parse_size
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
-from .aggregate import ArgMin
-from .fabric import Fabric, JobResult
-from .jobs import Job
+from vramfabric.coordinator.aggregate import ArgMin
+from vramfabric.coordinator.fabric import Fabric, JobResult
+from vramfabric.coordinator.jobs import Job
 from .local import LocalFleet
-from .results import Progress
-from .settings import CoordinatorSettings
+from vramfabric.coordinator.results import Progress
+from vramfabric.coordinator.settings import CoordinatorSettings
 
 
 def reference_argmin(configs: list[tuple[float, int, float]]) -> tuple[int, float]:

@@ -19,10 +19,11 @@ from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 
-from .fabric import Fabric, JobResult
-from .jobfile import JobFile
+from vramfabric.coordinator.fabric import Fabric, JobResult
+from vramfabric.coordinator.jobfile import JobFile
+from vramfabric.coordinator.settings import CoordinatorSettings
+
 from .report import advert_dict, err, jsonable, print_demo, progress_bar, report
-from .settings import CoordinatorSettings
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
@@ -70,7 +71,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Run a node agent (the only place the CLI reaches into the worker package)."""
+    """Run a node agent ."""
     from vramfabric.worker.__main__ import run
 
     return run(args)
@@ -78,7 +79,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a JOB.toml against a running fabric."""
-    from .jobfile import load
+    from vramfabric.coordinator.jobfile import load
 
     try:
         spec = load(args.jobfile)
