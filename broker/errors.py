@@ -147,6 +147,10 @@ class ChunkFailed(PermanentError):
         self.error_kind = error_kind
 
 
+class PermissionDenied(PermanentError):
+    """The server refused an operation this user's permissions do not allow (never retried)."""
+
+
 class CodeRefused(PermanentError):
     """A worker refused to run a job's Python code (no --allow-code, or another Python)."""
 
