@@ -180,10 +180,16 @@ def _spec_digest(spec: JobSpec) -> str:
             sorted(spec.args.items()),
             spec.n_chunks,
             spec.inputs_digest,
-            attrs.astuple(spec.retry),
-            spec.ack_wait_s,
+            # Seconds hash as float64 whether they were given as 30 or 30.0, so that every
+            # client derives the same id from the same settings.
+            [
+                spec.retry.max_retries,
+                float(spec.retry.initial_backoff_s),
+                float(spec.retry.max_backoff_s),
+            ],
+            float(spec.ack_wait_s),
             spec.kernel_kind,
-            spec.timeout_s,
+            None if spec.timeout_s is None else float(spec.timeout_s),
         ],
         use_bin_type=True,
     )

@@ -82,3 +82,25 @@ def test_protocol_doc_lists_every_name_the_code_builds() -> None:
     # Then neither has a name the other lacks
     assert code - doc == set(), f"missing from docs/protocol.md: {sorted(code - doc)}"
     assert doc - code == set(), f"in docs/protocol.md but not in the code: {sorted(doc - code)}"
+
+
+def test_documented_kernel_digest_and_job_id_match_the_code() -> None:
+    """A client following the doc's recipe derives the same digest and job id as we do."""
+    from vramfabric.broker.messages import JobSpec
+    from vramfabric.broker.retry import RetryPolicy
+    from vramfabric.kernels import HYPERPARAM_EVAL
+
+    text = DOC.read_text()
+    assert f"`{HYPERPARAM_EVAL.digest}`" in text
+    # Whole-number seconds given as ints hash like floats (the doc's float 64 rule).
+    spec = JobSpec(
+        tenant="lab",
+        kernel="hyperparam_eval",
+        kernel_digest=HYPERPARAM_EVAL.digest,
+        n_chunks=4,
+        args={"steps": 3, "lr": 0.5},
+        inputs_digest="0" * 64,
+        retry=RetryPolicy(3, 1, 16),
+        ack_wait_s=30,
+    )
+    assert f"job id `{spec.job_id}`" in text
