@@ -55,7 +55,7 @@ class WorkerMetrics:
         )
         self.submit_errors_total = Counter(
             "gpu_submit_errors",
-            "Chunk deliveries that did not end in a result (retried elsewhere or failed)",
+            "Chunk deliveries that ended in an error (retried elsewhere, or a failed result)",
             ["tenant", "kind"],
             registry=r,
         )
