@@ -41,7 +41,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         serve_metrics(metrics, args.metrics_port, CoordinatorSettings.from_env().metrics_addr)
         workers_port = args.metrics_port and args.metrics_port + 1
-        err.print(f"worker metrics from port {workers_port or 'any free port'}, one per worker")
+        where = f"ports {workers_port}..{workers_port + args.workers - 1}" if workers_port else ""
+        err.print(f"worker metrics: {where or 'free ports'}")
     with progress_bar(not args.json, args.configs) as progress:
         summary = demo(
             args.workers,
