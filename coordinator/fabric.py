@@ -85,12 +85,18 @@ class Fabric:
 
     @classmethod
     async def connect(
-        cls, broker: BrokerSettings | None = None, settings: CoordinatorSettings | None = None
+        cls,
+        broker: BrokerSettings | None = None,
+        settings: CoordinatorSettings | None = None,
+        metrics: CoordinatorMetrics | None = None,
     ) -> Fabric:
         """Connect with settings from the environment unless given; watch the fleet."""
         broker = broker or BrokerSettings.from_env()
         conn = await connect(broker, name="coordinator")
-        fabric = cls(broker, settings or CoordinatorSettings.from_env(), conn, owns_conn=True)
+        settings = settings or CoordinatorSettings.from_env()
+        fabric = cls(
+            broker, settings, conn, owns_conn=True, metrics=metrics or CoordinatorMetrics()
+        )
         await fabric.start()
         return fabric
 
@@ -193,7 +199,7 @@ class Fabric:
             await self._delete_consumer(spec)
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
-        self.metrics.job_seconds.observe(phases["total_s"])
+        self.metrics.job_seconds.labels(tenant=spec.tenant).observe(phases["total_s"])
         return JobResult(
             job_id=spec.job_id,
             n_chunks=spec.n_chunks,

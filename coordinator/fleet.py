@@ -76,7 +76,7 @@ class FleetView:
             advert = decode(NodeAdvert, data)
         except InvalidMessage as exc:
             self.invalid += 1
-            self.metrics.invalid_messages_total.labels(subject="advert").inc()
+            self.metrics.invalid("advert")
             log.warning("bad advert ignored from=%s error=%s", where, exc)
             return
         if advert.gpus:

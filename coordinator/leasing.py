@@ -64,6 +64,8 @@ class LeasePool:
     denials: int = attrs.field(default=0, init=False)
     peak: int = attrs.field(default=0, init=False)
     history: list[tuple[float, int]] = attrs.field(factory=list, init=False)
+    # What this pool added to the shared gauge: pools of concurrent jobs move it by deltas.
+    _counted: int = attrs.field(default=0, init=False)
     _renewer: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     # Loops check this as well as being cancelled: a cancellation racing a nats-py request
     # can be swallowed (asyncio.wait_for on Python 3.11), and the loop must still end.
@@ -115,11 +117,13 @@ class LeasePool:
         subject = self.broker.subjects.lease(self.settings.tenant, node, "acquire")
         data = encode(req)
         # One retry with the same request_id: the node answers it with the same grant.
+        round_trip = self.metrics.lease_acquire_seconds.labels(tenant=self.settings.tenant)
         for attempt in (1, 2):
             try:
-                reply = await self.conn.nc.request(
-                    subject, data, timeout=self.broker.request_timeout_s
-                )
+                with round_trip.time():
+                    reply = await self.conn.nc.request(
+                        subject, data, timeout=self.broker.request_timeout_s
+                    )
                 grant = decode(LeaseGrant, reply.data)
                 break
             except RemoteError as exc:
@@ -140,7 +144,9 @@ class LeasePool:
         return list(grant.leases)
 
     def _note(self) -> None:
-        self.metrics.leases_active.set(len(self.leases))
+        held = self.metrics.leases_held.labels(tenant=self.settings.tenant)
+        held.inc(len(self.leases) - self._counted)
+        self._counted = len(self.leases)
         self.peak = max(self.peak, len(self.leases))
         self.history.append((time.time(), len(self.leases)))
 

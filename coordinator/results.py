@@ -14,6 +14,7 @@ from collections.abc import Callable
 import attrs
 from nats.aio.msg import Msg
 from nats.js.object_store import ObjectStore
+from prometheus_client import Counter
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
@@ -53,12 +54,14 @@ class ResultsConsumer:
     last_result_at: float = attrs.field(default=0.0, init=False)
     _seen: bytearray = attrs.field(init=False)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _done_total: Counter = attrs.field(init=False)  # this tenant's series, looked up once
     _follower: Follower | None = attrs.field(default=None, init=False)
     _outputs: ObjectStore | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Size the seen-bitmap to the job."""
         self._seen = bytearray(self.spec.n_chunks)
+        self._done_total = self.metrics.chunks_done_total.labels(tenant=self.spec.tenant)
 
     @property
     def n_done(self) -> int:
@@ -86,7 +89,7 @@ class ResultsConsumer:
                 )
         except InvalidMessage as exc:
             self.invalid += 1
-            self.metrics.invalid_messages_total.labels(subject="result").inc()
+            self.metrics.invalid("result")
             log.warning("bad result subject=%s error=%s", msg.subject, exc)
             if index is None or index >= self.spec.n_chunks:
                 return
@@ -127,7 +130,7 @@ class ResultsConsumer:
         if self._seen[result.index]:
             # The stream keeps one result per chunk; a replay after a consumer reset can repeat it.
             self.duplicates += 1
-            self.metrics.duplicate_results_total.inc()
+            self.metrics.chunks_duplicate_total.labels(tenant=self.spec.tenant).inc()
             return
         self._seen[result.index] = 1
         if result.ok and result.output is not None:
@@ -138,12 +141,12 @@ class ResultsConsumer:
         else:
             self.n_failed += 1
             kind = result.error_kind.value if result.error_kind else "error"
-            self.metrics.chunks_failed_total.labels(kind=kind).inc()
+            self.metrics.chunks_failed_total.labels(tenant=self.spec.tenant, kind=kind).inc()
             if len(self.failures) < MAX_KEPT_FAILURES:
                 self.failures.append(result)
-        self.metrics.chunks_done_total.inc()
+        self._done_total.inc()
         if result.attempt > 1:
-            self.metrics.chunks_retry_total.inc(result.attempt - 1)
+            self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(result.attempt - 1)
         self.last_result_at = time.time()
         if self.on_progress is not None:
             self.on_progress(self)

@@ -30,6 +30,9 @@ class CoordinatorSettings:
     max_lease_batch: int = attrs.field(
         default=2000, validator=[attrs.validators.gt(0), attrs.validators.le(MAX_LEASE_COUNT)]
     )
+    # Where `--metrics-port` serves: loopback unless told otherwise (a container's scraper
+    # needs 0.0.0.0).
+    metrics_addr: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
@@ -41,4 +44,5 @@ class CoordinatorSettings:
             placement=environ.get("VRAMFABRIC_PLACEMENT") or "pack",
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
+            metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",
         )

@@ -21,6 +21,8 @@ from vramfabric.broker.settings import BrokerSettings
 
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobfile import JobFile
+from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.settings import CoordinatorSettings
 
 from .report import advert_dict, err, jsonable, print_demo, progress_bar, report
@@ -34,9 +36,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded server + simulated workers + the 1000-configuration search."""
     from .demo import demo
 
+    metrics = CoordinatorMetrics()
+    workers_port = None
+    if args.metrics_port is not None:
+        serve_metrics(metrics, args.metrics_port, CoordinatorSettings.from_env().metrics_addr)
+        workers_port = args.metrics_port and args.metrics_port + 1
+        where = f"ports {workers_port}..{workers_port + args.workers - 1}" if workers_port else ""
+        err.print(f"worker metrics: {where or 'free ports'}")
     with progress_bar(not args.json, args.configs) as progress:
         summary = demo(
-            args.workers, args.simulate, args.slice, args.configs, progress, args.verbose > 1
+            args.workers,
+            args.simulate,
+            args.slice,
+            args.configs,
+            progress,
+            args.verbose > 1,
+            metrics,
+            workers_port,
         )
     if args.json:
         print(json.dumps(summary))
@@ -96,14 +112,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return RET_OK if result.ok else RET_JOB_FAILED
 
 
-async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult:
-    async with await Fabric.connect(
-        BrokerSettings.from_env(), CoordinatorSettings.from_env()
-    ) as fabric:
-        if args.metrics_port:
-            from prometheus_client import start_http_server
+def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
+    """Serve the coordinator's metrics for the life of this process and say where."""
+    try:
+        port = metrics.serve(port, addr)
+    except OSError as exc:
+        raise ValueError(f"metrics port {port}: {exc}") from exc
+    err.print(f"metrics: http://{addr}:{port}/metrics")
 
-            start_http_server(args.metrics_port, addr="127.0.0.1", registry=fabric.metrics.registry)
+
+async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult:
+    settings, metrics = CoordinatorSettings.from_env(), CoordinatorMetrics()
+    if args.metrics_port is not None:
+        serve_metrics(metrics, args.metrics_port, settings.metrics_addr)
+    async with await Fabric.connect(BrokerSettings.from_env(), settings, metrics) as fabric:
         return await fabric.run(
             spec.job,
             spec.aggregator,
@@ -155,6 +177,18 @@ async def _keys(kv: Any) -> list[str]:
         return []
 
 
+def add_metrics_port(parser: argparse.ArgumentParser, whose: str) -> None:
+    """The `--metrics-port [PORT]` flag of a coordinator-side command."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        nargs="?",
+        const=DEFAULT_METRICS_PORT,
+        help=f"serve Prometheus metrics ({whose}) on this port ({DEFAULT_METRICS_PORT} if no "
+        "number, 0: any free port)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -168,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="512MiB", help="slice per configuration (default 512MiB)")
     p.add_argument("--configs", type=int, default=1000, choices=range(1, 1001), metavar="1..1000")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    add_metrics_port(p, "the coordinator's; its workers use the ports after it")
     p.set_defaults(handler=cmd_demo)
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
@@ -194,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run again the chunks that failed or ran out of retries in an earlier run",
     )
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    add_metrics_port(p, "the coordinator's")
     p.set_defaults(handler=cmd_run)
     p = sub.add_parser("status", help="show live nodes and their VRAM")
     p.add_argument("--json", action="store_true")

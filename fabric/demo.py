@@ -15,6 +15,7 @@ from vramfabric.kernels.hyperparam import encode_config, search_space
 from vramfabric.coordinator.aggregate import ArgMin
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobs import Job
+from vramfabric.coordinator.metrics import CoordinatorMetrics
 from .local import LocalFleet
 from vramfabric.coordinator.results import Progress
 from vramfabric.coordinator.settings import CoordinatorSettings
@@ -41,12 +42,16 @@ async def leased_bytes_settle(fabric: Fabric, timeout_s: float = 5.0) -> int:
 
 
 async def run_search(
-    fleet: LocalFleet, n_configs: int, slice_bytes: int, progress: Progress | None
+    fleet: LocalFleet,
+    n_configs: int,
+    slice_bytes: int,
+    progress: Progress | None,
+    metrics: CoordinatorMetrics | None = None,
 ) -> tuple[JobResult, int]:
     """Run the search on a started fleet; return the result and the VRAM left leased after."""
     settings = CoordinatorSettings(slice_bytes=slice_bytes, max_slices=n_configs)
     configs = search_space(n_configs)
-    async with await Fabric.connect(fleet.broker, settings) as fabric:
+    async with await Fabric.connect(fleet.broker, settings, metrics) as fabric:
         job = Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs])
         result = await fabric.run(job, ArgMin(), slices=n_configs, progress=progress)
         return result, await leased_bytes_settle(fabric)
@@ -59,15 +64,27 @@ def demo(
     n_configs: int,
     progress: Progress | None,
     verbose: bool = False,
+    metrics: CoordinatorMetrics | None = None,
+    workers_metrics_port: int | None = None,
 ) -> dict[str, Any]:
-    """Start an embedded fabric, run the search, stop everything; return the summary."""
+    """Start an embedded fabric, run the search, stop everything; return the summary.
+
+    `metrics` is the coordinator's registry; workers serve theirs on `workers_metrics_port`
+    plus their index (each on a free port if 0) when it is set.
+    """
     t0 = time.perf_counter()
-    fleet = LocalFleet(workers=workers, simulate=simulate, slice_size=slice_size, verbose=verbose)
+    fleet = LocalFleet(
+        workers=workers,
+        simulate=simulate,
+        slice_size=slice_size,
+        verbose=verbose,
+        metrics_port=workers_metrics_port,
+    )
     fleet.start()
     try:
         started_s = time.perf_counter() - t0
         result, leased_after = asyncio.run(
-            run_search(fleet, n_configs, parse_size(slice_size), progress)
+            run_search(fleet, n_configs, parse_size(slice_size), progress, metrics)
         )
     finally:
         exit_codes = fleet.stop()

@@ -35,8 +35,12 @@ class LocalFleet:
     replicas: int = 1
     worker_args: tuple[str, ...] = ()
     verbose: bool = False
+    # Workers serve metrics when set: on this port plus their index, or each on a free port if 0.
+    metrics_port: int | None = None
     server: NatsServer | None = attrs.field(default=None, init=False)
     procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list, init=False)
+    # The `/metrics` URL of every ready worker that serves one.
+    metrics_urls: list[str] = attrs.field(factory=list, init=False)
 
     @property
     def broker(self) -> BrokerSettings:
@@ -82,6 +86,9 @@ class LocalFleet:
             *self.worker_args,
             *extra_args,
         ]
+        if self.metrics_port is not None:
+            port = self.metrics_port and self.metrics_port + len(self.procs)
+            cmd += ["--metrics-port", str(port)]
         if self.verbose:
             cmd.append("-v")
         return subprocess.Popen(
@@ -101,15 +108,17 @@ class LocalFleet:
         self._wait_ready(proc, ready_timeout_s)
         return proc
 
-    @staticmethod
-    def _wait_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise ServerError(f"worker exited with code {proc.returncode} before it was ready")
             ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-            if ready and _READY_LINE in proc.stdout.readline():
+            line = proc.stdout.readline() if ready else b""
+            if _READY_LINE in line:
+                # "worker ready node=N metrics=URL": the URL names the port a 0 turned into.
+                self.metrics_urls += [w[8:] for w in line.decode().split() if w[:8] == "metrics="]
                 return
         raise ServerError(f"worker not ready within {timeout_s}s")
 
@@ -131,6 +140,7 @@ class LocalFleet:
             if proc.stdout is not None:
                 proc.stdout.close()
         self.procs.clear()
+        self.metrics_urls.clear()
         if self.server is not None:
             self.server.stop()
             self.server = None

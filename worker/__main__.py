@@ -21,6 +21,8 @@ from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.registry import load_registry
 
 from .agent import Agent
+from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from .metrics import WorkerMetrics
 from .settings import WorkerSettings
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
@@ -38,7 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node", help="node name (default: host name + random suffix)")
     parser.add_argument("--heartbeat-s", type=float, help="advert interval in seconds")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        nargs="?",
+        const=DEFAULT_METRICS_PORT,
+        help=f"serve Prometheus metrics on this port ({DEFAULT_METRICS_PORT} if no number; 0: any "
+        "free port, named on the ready line)",
+    )
     parser.add_argument(
         "--kernel-module",
         action="append",
@@ -77,7 +86,7 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         changes["node"] = args.node
     if args.heartbeat_s:
         changes["heartbeat_s"] = args.heartbeat_s
-    if args.metrics_port:
+    if args.metrics_port is not None:
         changes["metrics_port"] = args.metrics_port
     if args.allow_code:
         changes["allow_code"] = True
@@ -123,22 +132,24 @@ async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
 
 async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
     """Run the agent until a stop signal; drain on SIGTERM."""
+    metrics, url = WorkerMetrics(), ""
+    if settings.metrics_port is not None:
+        # First, so a port in use fails the start before anything else has begun.
+        try:
+            port = metrics.serve(settings.metrics_port, settings.metrics_addr)
+        except OSError as exc:
+            raise ValueError(f"metrics port {settings.metrics_port}: {exc}") from exc
+        url = f" metrics=http://{settings.metrics_addr}:{port}/metrics"
     conn = await connect_patiently(broker, f"worker-{settings.node}")
-    agent = Agent(broker, settings, conn)
+    agent = Agent(broker, settings, conn, metrics)
     try:
         await agent.start()
-        if settings.metrics_port:
-            from prometheus_client import start_http_server
-
-            start_http_server(
-                settings.metrics_port, addr=settings.metrics_addr, registry=agent.metrics.registry
-            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         # Tell a parent (the demo, tests) we serve: it waits for this line, not a timer.
-        print(f"worker ready node={settings.node}", flush=True)
+        print(f"worker ready node={settings.node}{url}", flush=True)
         await stop.wait()
         await agent.stop()
         return RET_OK

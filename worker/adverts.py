@@ -77,8 +77,7 @@ class Heartbeat:
         if expired:
             log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
             await self._event("expired", expired[0].tenant, len(expired))
-        self.metrics.leases_active.set(len(self.ledger))
-        self.metrics.vram_allocated_bytes.set(self.ledger.leased_bytes)
+        self.metrics.set_holding(self.ledger.holding())
         data = encode(attrs.evolve(self.ledger.advert(time.time()), **self.facts))
         try:
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)

@@ -71,7 +71,8 @@ class Agent:
         m = self.metrics
         return (
             f"<Agent node={self.settings.node} leases={len(self.ledger)} jobs={len(self._pullers)}"
-            f" done={m.value('chunks_done_total'):.0f} retried={m.value('chunks_retry_total'):.0f}>"
+            f" submits={m.value('gpu_submit_total'):.0f}"
+            f" errors={m.value('gpu_submit_errors_total'):.0f}>"
         )
 
     async def start(self) -> None:
@@ -196,7 +197,7 @@ class Agent:
                     return decode(JobSpec, entry.value)
             except InvalidMessage as exc:
                 log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
-                self.metrics.invalid_messages_total.labels(subject="job_spec").inc()
+                self.metrics.invalid("job_spec")
             except Exception as exc:
                 log.warning(
                     "job spec not available tenant=%s job=%s error=%s",

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 from nats.aio.msg import Msg
+from prometheus_client import Counter, Histogram
 
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
@@ -53,6 +54,14 @@ class ChunkHandler:
     runner: ChunkRunner
     metrics: WorkerMetrics
     stopping: Callable[[], bool]
+    # This tenant's series, looked up once rather than per chunk.
+    _submits: Counter = attrs.field(init=False)
+    _submit_s: Histogram = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Bind the per-chunk series to the job's tenant."""
+        self._submits = self.metrics.submit_total.labels(tenant=self.spec.tenant)
+        self._submit_s = self.metrics.submit_seconds.labels(tenant=self.spec.tenant)
 
     @property
     def job(self) -> str:
@@ -66,6 +75,7 @@ class ChunkHandler:
         slot keeps the VRAM until then); a lease that has ended starts no chunk.
         """
         started_at = time.time()
+        self._submits.inc()
         attempt = msg.metadata.num_delivered
         keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
         try:
@@ -88,9 +98,8 @@ class ChunkHandler:
             lease = self.ledger.get(lease_id)
             if lease is None or not self.ledger.is_live(lease_id, time.monotonic()):
                 raise LeaseExpired(lease_id)
-            self.metrics.submit_total.inc()
             result = await self.runner.run(self.spec, chunk, lease, attempt)
-            self.metrics.chunk_seconds.observe(time.time() - started_at)
+            self._submit_s.observe(time.time() - started_at)
         except TransientError as exc:
             if attempt < self.spec.retry.max_deliver:
                 log.warning(
@@ -100,7 +109,7 @@ class ChunkHandler:
                     attempt,
                     exc,
                 )
-                self.metrics.chunks_retry_total.inc()
+                self._error(exc.kind.value)
                 await msg.nak(delay=self.spec.retry.nak_delay_s(attempt))
                 return
             result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
@@ -111,7 +120,7 @@ class ChunkHandler:
     async def _reject(
         self, msg: Msg, exc: InvalidMessage, attempt: int, lease_id: str, started_at: float
     ) -> None:
-        self.metrics.invalid_messages_total.labels(subject="work").inc()
+        self.metrics.invalid("work")
         index = _index_from(msg)
         if index is None:
             # No chunk index to record a result under: drop it, counted and logged.
@@ -124,11 +133,11 @@ class ChunkHandler:
 
     async def _finish(self, msg: Msg, result: ChunkResult) -> None:
         if result.error_kind is not None:
-            self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
+            self._error(result.error_kind.value)
         try:
             await self._publish_patiently(result, msg.metadata.sequence.stream)
         except ResultAlreadyRecorded:
-            self.metrics.duplicate_results_total.inc()
+            self.metrics.results_duplicate_total.labels(tenant=self.spec.tenant).inc()
         except VramfabricError as exc:
             # The result did not reach the stream: leave the chunk for redelivery.
             log.warning(
@@ -138,8 +147,10 @@ class ChunkHandler:
             return
         # The result is stored before the work message is acked (at-least-once, nothing lost).
         await (msg.ack() if result.ok else msg.term())
-        self.metrics.chunks_done_total.inc()
         await self.runner.forget_checkpoint(self.spec.tenant, self.job, result.index)
+
+    def _error(self, kind: str) -> None:
+        self.metrics.submit_errors_total.labels(tenant=self.spec.tenant, kind=kind).inc()
 
     async def _publish_patiently(self, result: ChunkResult, work_seq: int) -> None:
         # While the results stream elects a leader, keep the computed result and retry,

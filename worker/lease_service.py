@@ -52,6 +52,7 @@ class LeaseService:
     async def handle(self, msg: Msg) -> None:
         """Answer one request; a bad one gets an ErrorReply and changes nothing."""
         op, tenant = "unknown", ""
+        t0 = time.perf_counter()
         try:
             tenant, node, op = self.subjects.parse_lease(msg.subject)
             if node != self.node:
@@ -59,11 +60,12 @@ class LeaseService:
             reply = self._serve(tenant, op, msg.data)
             outcome = "denied" if isinstance(reply, LeaseGrant) and reply.denied else "ok"
         except (InvalidMessage, ValueError) as exc:
-            self.metrics.invalid_messages_total.labels(subject=f"lease.{op}").inc()
+            self.metrics.invalid(f"lease.{op}")
             log.warning("bad lease request subject=%s error=%s", msg.subject, exc)
             kind = InvalidMessage.kind
             reply, outcome = ErrorReply(kind=kind, error=str(exc)), "invalid"
-        self.metrics.lease_requests_total.labels(op=op, outcome=outcome).inc()
+        self.metrics.lease_requests_total.labels(tenant=tenant, op=op, outcome=outcome).inc()
+        self.metrics.lease_request_seconds.labels(op=op).observe(time.perf_counter() - t0)
         if msg.reply:
             await msg.respond(encode(reply))
         event = _event_of(reply, self.node, tenant if outcome == "ok" else "")

@@ -1,4 +1,5 @@
-"""compose.yaml brings up the cluster, workers and a coordinator job (needs a Docker engine)."""
+"""compose.yaml, its Dockerfile and prometheus.yml agree with the code's defaults; with a
+Docker engine, compose brings up the cluster, workers and a coordinator job."""
 
 from __future__ import annotations
 
@@ -6,12 +7,176 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from tests.conftest import docker_available
+from vramfabric.broker.settings import DEFAULT_URL
+from vramfabric.cli import build_parser
+from vramfabric.coordinator import metrics as coordinator_metrics
+from vramfabric.coordinator.jobfile import load
+from vramfabric.worker import metrics as worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+NATS = ("nats1", "nats2", "nats3")
+# The monitoring port the compose servers serve /healthz on, and their exporters' port.
+MONITOR_PORT, EXPORTER_PORT = 8222, 7777
+DOCKERFILE_INSTRUCTIONS = {"FROM", "ARG", "WORKDIR", "COPY", "RUN", "USER", "ENV", "ENTRYPOINT"}
+DOCKERFILE_INSTRUCTIONS |= {"CMD", "LABEL", "EXPOSE"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """compose.yaml, parsed (anchors and merge keys resolved)."""
+    doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def scrape_jobs() -> dict[str, dict[str, Any]]:
+    """prometheus.yml's scrape configs by job name."""
+    doc = yaml.safe_load((ROOT / "prometheus.yml").read_text())
+    return {job["job_name"]: job for job in doc["scrape_configs"]}
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """The Dockerfile's (instruction, arguments), continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_dockerfile_parses_installs_the_package_once_and_listens_beyond_loopback() -> None:
+    steps = dockerfile()
+    assert steps[0][0] == "FROM"
+    assert {op for op, _ in steps} <= DOCKERFILE_INSTRUCTIONS
+    # Every COPY source exists, and the package is installed at build time
+    for op, args in steps:
+        if op == "COPY":
+            assert all((ROOT / src).exists() for src in args.split()[:-1]), args
+    assert any(op == "RUN" and "pip install" in args for op, args in steps)
+    env = " ".join(args for op, args in steps if op == "ENV")
+    assert "VRAMFABRIC_METRICS_ADDR=0.0.0.0" in env
+    assert ("ENTRYPOINT", '["vramfabric"]') in steps
+
+
+def test_compose_services_and_ports_match_the_code(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {
+        *NATS,
+        *(f"{n}-exporter" for n in NATS),
+        "worker",
+        "worker-sim",
+        "coordinator",
+        "prometheus",
+    }
+    # A 3-server JetStream cluster, each routed to the other two and health-checked
+    for name in NATS:
+        nats = services[name]
+        cmd = nats["command"]
+        assert "-js" in cmd and cmd[cmd.index("-n") + 1] == name
+        assert cmd[cmd.index("-m") + 1] == str(MONITOR_PORT)
+        routes = cmd[cmd.index("--routes") + 1].split(",")
+        assert {urlsplit(r).hostname for r in routes} == set(NATS) - {name}
+        assert f"127.0.0.1:{MONITOR_PORT}/healthz" in " ".join(nats["healthcheck"]["test"])
+        exporter = services[f"{name}-exporter"]["command"]
+        assert exporter[-1] == f"http://{name}:{MONITOR_PORT}"
+    assert services["nats1"]["ports"] == [f"127.0.0.1:{urlsplit(DEFAULT_URL).port}:4222"]
+    # vramfabric services run the built image, fetch nothing, and reach every server
+    parser = build_parser()
+    ours = ("worker", "worker-sim", "coordinator")
+    for name in ours:
+        service = services[name]
+        assert "build" in service and "pip" not in json.dumps(service["command"])
+        urls = service["environment"]["VRAMFABRIC_NATS_URL"].split(",")
+        assert [(urlsplit(u).hostname, urlsplit(u).port) for u in urls] == [
+            (n, urlsplit(DEFAULT_URL).port) for n in NATS
+        ]
+        assert service["environment"]["VRAMFABRIC_REPLICAS"] == str(len(NATS))
+        assert set(service["depends_on"]) == set(NATS)
+    # Workers serve metrics on the worker's default port, coordinators on theirs
+    for name in ("worker", "worker-sim"):
+        args = parser.parse_args(services[name]["command"])
+        assert args.metrics_port == worker_metrics.DEFAULT_PORT
+    args = parser.parse_args(services["coordinator"]["command"])
+    assert args.command == "run" and args.metrics_port == coordinator_metrics.DEFAULT_PORT
+    # GPU workers reserve every GPU; the simulated profile needs none
+    gpu = services["worker"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["args"]["EXTRAS"] == "[gpu]"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["count"] == "all"
+    sim = services["worker-sim"]
+    assert sim["profiles"] == ["simulated"] and parser.parse_args(sim["command"]).simulate
+    assert "resources" not in sim.get("deploy", {})
+
+
+def test_compose_demo_job_is_a_valid_job_file(compose: dict[str, Any], tmp_path: Path) -> None:
+    (mount,) = compose["services"]["coordinator"]["configs"]
+    path = tmp_path / "demo.toml"
+    path.write_text(compose["configs"][mount["source"]]["content"])
+    assert compose["services"]["coordinator"]["command"][1] == mount["target"]
+    assert len(load(path).job.inputs) == 1000
+
+
+def test_prometheus_scrapes_every_process_on_the_code_ports(
+    compose: dict[str, Any], scrape_jobs: dict[str, dict[str, Any]]
+) -> None:
+    services = compose["services"]
+    mounted = services["prometheus"]["volumes"][0].split(":")
+    assert mounted[0] == "./prometheus.yml" and "--config.file=" + mounted[1] in " ".join(
+        services["prometheus"]["command"]
+    )
+
+    def dns_targets(job: str) -> set[tuple[str, int]]:
+        return {
+            (name, sd["port"]) for sd in scrape_jobs[job]["dns_sd_configs"] for name in sd["names"]
+        }
+
+    workers = {("worker", worker_metrics.DEFAULT_PORT), ("worker-sim", worker_metrics.DEFAULT_PORT)}
+    assert dns_targets("vramfabric-workers") == workers
+    assert dns_targets("vramfabric-coordinators") == {
+        ("coordinator", coordinator_metrics.DEFAULT_PORT)
+    }
+    (static,) = scrape_jobs["nats"]["static_configs"]
+    assert set(static["targets"]) == {f"{n}-exporter:{EXPORTER_PORT}" for n in NATS}
+    # Every service but Prometheus itself is scraped
+    scraped = {name for name, _port in workers} | {"coordinator"}
+    scraped |= {t.split(":")[0] for t in static["targets"]}
+    assert scraped | {"prometheus"} | set(NATS) == set(services)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_prometheus_config_passes_promtool() -> None:
+    proc = subprocess.run(
+        ["promtool", "check", "config", str(ROOT / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(
+    not docker_available() or shutil.which("docker") is None, reason="no Docker engine"
+)
+def test_compose_config_is_accepted_by_docker() -> None:
+    proc = subprocess.run(
+        ["docker", "compose", "--profile", "simulated", "config", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.docker
@@ -20,16 +185,18 @@ ROOT = Path(__file__).resolve().parents[2]
     not docker_available() or shutil.which("docker") is None, reason="no Docker engine"
 )
 def test_compose_runs_the_search_on_the_cluster() -> None:
-    # When the compose file's coordinator runs to completion
+    # When the simulated stack runs until the coordinator's job ends (it starts the workers too)
     try:
         proc = subprocess.run(
             [
                 "docker",
                 "compose",
+                "--profile",
+                "simulated",
                 "up",
+                "--build",
                 "--abort-on-container-exit",
                 "--exit-code-from",
-                "coordinator",
                 "coordinator",
             ],
             cwd=ROOT,

@@ -65,7 +65,7 @@ async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
     # And every lease went back, as the coordinator's metrics show too
     assert result.lease_history[-1][1] == 0
     assert fabric.metrics.value("chunks_done_total") == 1000
-    assert fabric.metrics.value("gpu_leases_active") == 0
+    assert fabric.metrics.value("job_leases_held") == 0
 
 
 def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind() -> None:

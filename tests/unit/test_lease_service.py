@@ -62,8 +62,8 @@ def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
     asyncio.run(svc.handle(msg))
     # Then it was either a valid request, or it was counted as invalid and changed nothing
     counted = metrics.value("invalid_messages_total", subject=f"lease.{op}")
-    served = metrics.value("lease_requests_total", op=op, outcome="ok") + metrics.value(
-        "lease_requests_total", op=op, outcome="denied"
+    served = metrics.value("gpu_lease_requests_total", op=op, outcome="ok") + metrics.value(
+        "gpu_lease_requests_total", op=op, outcome="denied"
     )
     assert counted + served == 1
     if counted:
