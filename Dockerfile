@@ -8,7 +8,7 @@ COPY broker broker
 COPY worker worker
 COPY coordinator coordinator
 COPY kernels kernels
-COPY vramfabric vramfabric
+COPY fabric fabric
 RUN pip install --no-cache-dir --disable-pip-version-check ".${EXTRAS}" \
     && useradd --system --create-home vf
 USER vf
