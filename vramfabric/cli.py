@@ -70,6 +70,39 @@ def cmd_server(args: argparse.Namespace) -> int:
     return RET_OK
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    """Run a local fabric (embedded server and simulated workers) until interrupted."""
+    import os
+
+    from vramfabric.broker import discovery
+
+    from .local import LocalFleet
+
+    fleet = LocalFleet(
+        workers=args.workers,
+        simulate=args.simulate,
+        slice_size=args.slice,
+        port=args.port,
+        verbose=args.verbose > 1,
+    )
+    path, pid = discovery.discovery_path(os.environ), os.getpid()
+    try:
+        fleet.start()
+        # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        discovery.write(path, fleet.broker.url, pid)
+        print(
+            f"vramfabric up: {fleet.broker.url} ({args.workers} worker(s) of {args.simulate}); "
+            f"clients find it through {path}; Ctrl-C stops it",
+            flush=True,
+        )
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        discovery.remove(path, pid)
+        fleet.stop()
+    return RET_OK
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a node agent ."""
     from vramfabric.worker.__main__ import run
@@ -180,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a local cluster of this many routed servers (free ports)",
     )
     p.set_defaults(handler=cmd_server)
+    p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
+    p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
+    p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
+    p.set_defaults(handler=cmd_up)
     from vramfabric.worker.__main__ import add_arguments
 
     p = sub.add_parser("worker", help="run a node agent")
