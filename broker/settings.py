@@ -106,9 +106,7 @@ class BrokerSettings:
         (its discovery file), else DEFAULT_URL.
         """
         return cls(
-            url=environ.get("VRAMFABRIC_NATS_URL")
-            or discovery.live_url(environ)
-            or DEFAULT_URL,
+            url=environ.get("VRAMFABRIC_NATS_URL") or discovery.live_url(environ) or DEFAULT_URL,
             prefix=environ.get("VRAMFABRIC_PREFIX") or "vf",
             user=environ.get("VRAMFABRIC_NATS_USER") or None,
             password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,

@@ -31,6 +31,9 @@ class CoordinatorSettings:
         default=2000, validator=[attrs.validators.gt(0), attrs.validators.le(MAX_LEASE_COUNT)]
     )
 
+    # Finished jobs older than this are removed after each run (0: kept until `rm`).
+    job_retention_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
         """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
@@ -41,4 +44,5 @@ class CoordinatorSettings:
             placement=environ.get("VRAMFABRIC_PLACEMENT") or "pack",
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
+            job_retention_s=env_float(environ, "VRAMFABRIC_JOB_RETENTION_S", 0.0),
         )
