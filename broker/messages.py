@@ -72,6 +72,8 @@ class NodeAdvert:
     # `major.minor` of the worker's Python, and whether it runs Python callables.
     python: str = ""
     allow_code: bool = False
+    # Leases held per job, keyed `<tenant>.<job>` (as in the jobs bucket).
+    jobs: Mapping[str, int] = attrs.field(factory=dict)
     v: int = PROTOCOL_VERSION
 
     @property
