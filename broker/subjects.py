@@ -168,11 +168,6 @@ class Subjects:
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}.state"
 
     @staticmethod
-    def job_keys_filter(tenant: str) -> str:
-        """Wildcard over one tenant's job specs in the jobs bucket (not their run records)."""
-        return f"{token(tenant, 'tenant')}.*"
-
-    @staticmethod
     def kv_stream(bucket: str) -> str:
         """The stream behind a KV bucket (for purging keys outright)."""
         return f"KV_{token(bucket, 'bucket')}"

@@ -67,15 +67,18 @@ async def list_jobs(conn: Connection, broker: BrokerSettings, tenant: str) -> li
     """Every stored job of the tenant, oldest first."""
     kv = await topology.jobs_bucket(conn.js, broker)
     try:
-        keys = await kv.keys(filters=[broker.subjects.job_keys_filter(tenant)])
+        keys = await kv.keys()  # its `filters` match substrings, not subject wildcards
     except nats.js.errors.NoKeysError:
         return []
     except Exception as exc:
         raise from_nats(exc) from exc
     infos = []
     for key in keys:
+        owner, _, job = key.partition(".")
+        if owner != tenant or "." in job:  # another tenant's, or a run record
+            continue
         try:
-            infos.append(await inspect(conn, broker, tenant, key.split(".", 1)[1]))
+            infos.append(await inspect(conn, broker, tenant, job))
         except JobNotFound:  # removed between keys() and get()
             continue
     return sorted(infos, key=lambda i: (i.started_at, i.job))

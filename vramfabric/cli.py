@@ -105,6 +105,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         simulate=args.simulate,
         slice_size=args.slice,
         port=args.port,
+        worker_args=("--allow-code",) if args.allow_code else (),
         verbose=args.verbose > 1,
     )
     path, pid = discovery.discovery_path(os.environ), os.getpid()
@@ -294,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
     p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
     p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
+    p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
     p.set_defaults(handler=cmd_up)
     from vramfabric.worker.__main__ import add_arguments
 
