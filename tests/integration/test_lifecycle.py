@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,13 @@ import nats.js.errors
 import pytest
 
 from tests.helpers import eventually, poll_until, wait_for_line
+from tests.integration.conftest import AgentFactory, FabricFactory
+from tests.kernels_for_tests import SLEEPY, sleepy_input
+from vramfabric.broker import BrokerSettings
+from vramfabric.broker.errors import JobNotFound, JobTimeout
+from vramfabric.broker.messages import JobSpec
+from vramfabric.coordinator import ArgMin, Job, JobResult, lifecycle
+from vramfabric.coordinator.jobs import finished_chunks
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels.hyperparam import search_space
 
@@ -231,3 +239,49 @@ def no_leases(env: dict[str, str]) -> bool:
     """Whether the fleet holds no lease and no leased VRAM."""
     status = cli(env, "status")
     return status["leases"] == 0 and status["leased_bytes"] == 0 and status["n_nodes"] == 1
+
+
+async def test_a_timed_out_run_deletes_its_consumer_and_records_the_timeout(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory, broker: BrokerSettings
+) -> None:
+    # Given a node and a job of slow chunks on one slice
+    await agent_factory("n1")
+    fabric = await fabric_factory()
+    job = Job(SLEEPY, [sleepy_input(i) for i in range(10)], args={"sleep_s": 1.0})
+    job_id = job.spec(fabric.settings).job_id
+    # When the run times out
+    with pytest.raises(JobTimeout):
+        await fabric.run(job, ArgMin(), slices=1, timeout_s=0.5)
+    # Then its consumer is gone, and the job shows as timed out with chunks left to do
+    s = broker.subjects
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await fabric.conn.js.consumer_info(s.work_stream("default"), s.job_consumer(job_id))
+    info = await lifecycle.inspect(fabric.conn, broker, "default", job_id)
+    assert info.state == "timeout" and info.n_done < 10
+
+
+async def test_retention_removes_jobs_finished_before_the_cutoff(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory, broker: BrokerSettings
+) -> None:
+    # Given a finished job
+    await agent_factory("n1")
+    fabric = await fabric_factory()
+    first = await fabric.run(Job(SLEEPY, [sleepy_input(i) for i in range(3)]), ArgMin())
+    conn = fabric.conn
+    # Then a sweep keeps it while it is younger than the retention
+    assert await lifecycle.sweep(conn, broker, "default", 3600.0, time.time()) == []
+    assert (await lifecycle.inspect(conn, broker, "default", first.job_id)).state == "done"
+    # When a coordinator with a retention runs another job after it
+    keeper = await fabric_factory(job_retention_s=1e-3)
+    await keeper.run(Job(SLEEPY, [sleepy_input(i) for i in range(4)]), ArgMin())
+    # Then the older job is gone, spec and results alike
+    with pytest.raises(JobNotFound):
+        await lifecycle.inspect(conn, broker, "default", first.job_id)
+    assert await finished_chunks(conn, broker, spec_naming(first)) == set()
+
+
+def spec_naming(result: JobResult) -> JobSpec:
+    """A spec naming the result's job, enough to query its results subjects."""
+    return JobSpec(
+        tenant="default", kernel="sleepy", kernel_digest="", n_chunks=3, job_id=result.job_id
+    )
