@@ -172,11 +172,11 @@ class Fabric:
         grower: list[asyncio.Task[None]] = []
         t_submit = 0.0
         record = RunRecord(self.conn, self.broker, spec)
-        await record.start()
         timeline = Timeline(lambda: len(pool), lambda: results.n_done)
-        timeline.start()
         outcome, value = "failed", None
         try:
+            await record.start()
+            timeline.start()
             if todo:
                 t_submit = await self._execute(
                     job, spec, pool, results, (todo, retried), (slices, min_slices), phases, grower
