@@ -1,4 +1,4 @@
-"""`vramfabric`: demo, server, worker, run and status subcommands (argparse, one cmd_* each)."""
+"""`vramfabric`: demo, up, server, worker, run, status and job commands; one cmd_* each."""
 
 from __future__ import annotations
 
