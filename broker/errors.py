@@ -190,6 +190,14 @@ class JobTimeout(VramfabricError, TimeoutError):
     """A job did not finish within its deadline."""
 
 
+class JobCancelled(VramfabricError):
+    """The job was cancelled (`vramfabric cancel`) while it ran."""
+
+
+class JobNotFound(PermanentError):
+    """No job of this id is stored for the tenant."""
+
+
 class ServerError(PermanentError):
     """The embedded nats-server did not start or stop as asked."""
 

@@ -72,6 +72,8 @@ class NodeAdvert:
     # `major.minor` of the worker's Python, and whether it runs Python callables.
     python: str = ""
     allow_code: bool = False
+    # Leases held per job, keyed `<tenant>.<job>` (as in the jobs bucket).
+    jobs: Mapping[str, int] = attrs.field(factory=dict)
     v: int = PROTOCOL_VERSION
 
     @property
@@ -274,4 +276,28 @@ class Event:
     job: str = ""
     count: int = 0
     at: float = 0.0
+    v: int = PROTOCOL_VERSION
+
+
+# States of a job run as its JobRecord shows them; all but `running` are final.
+JOB_STATES = ("running", "done", "failed", "timeout", "cancelled")
+
+
+@attrs.frozen
+class JobRecord:
+    """A job's run state, kept beside its spec in KV `vf_jobs` under `<tenant>.<job>.state`.
+
+    The coordinator running the job writes `running` at the start and the outcome at the
+    end; `vramfabric cancel` writes `cancelled`, which a running coordinator polls for.
+    `value` is the aggregate as JSON text when it has one that small, else None.
+    """
+
+    job: str = attrs.field(validator=_is_token)
+    kernel: str
+    state: str = attrs.field(validator=attrs.validators.in_(JOB_STATES))
+    started_at: float
+    finished_at: float = 0.0
+    n_ok: int = attrs.field(default=0, validator=_ge0)
+    n_failed: int = attrs.field(default=0, validator=_ge0)
+    value: str | None = None
     v: int = PROTOCOL_VERSION

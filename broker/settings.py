@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from . import discovery
 from .subjects import Subjects
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -99,9 +100,13 @@ class BrokerSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> BrokerSettings:
-        """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
+        """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults.
+
+        The URL is VRAMFABRIC_NATS_URL, else that of a live `vramfabric up` on this machine
+        (its discovery file), else DEFAULT_URL.
+        """
         return cls(
-            url=environ.get("VRAMFABRIC_NATS_URL") or DEFAULT_URL,
+            url=environ.get("VRAMFABRIC_NATS_URL") or discovery.live_url(environ) or DEFAULT_URL,
             prefix=environ.get("VRAMFABRIC_PREFIX") or "vf",
             user=environ.get("VRAMFABRIC_NATS_USER") or None,
             password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,

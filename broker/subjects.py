@@ -163,6 +163,26 @@ class Subjects:
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}"
 
     @staticmethod
+    def job_state_key(tenant: str, job: str) -> str:
+        """Key of a job's run record (JobRecord) in the jobs bucket, beside its spec."""
+        return f"{token(tenant, 'tenant')}.{token(job, 'job')}.state"
+
+    @staticmethod
+    def kv_stream(bucket: str) -> str:
+        """The stream behind a KV bucket (for purging keys outright)."""
+        return f"KV_{token(bucket, 'bucket')}"
+
+    @staticmethod
+    def kv_job_filter(bucket: str, tenant: str, job: str) -> str:
+        """Wildcard over a job's keys below `<tenant>.<job>.` in a KV bucket's stream."""
+        return f"$KV.{token(bucket, 'bucket')}.{token(tenant, 'tenant')}.{token(job, 'job')}.>"
+
+    @staticmethod
+    def kv_subject(bucket: str, key: str) -> str:
+        """The stream subject of one KV key (purging it removes the key outright)."""
+        return f"$KV.{token(bucket, 'bucket')}.{key}"
+
+    @staticmethod
     def chunk_msg_id(job: str, index: int) -> str:
         """Value of `Nats-Msg-Id` for one chunk: the idempotency key of its submission."""
         return f"{job}:{int(index)}"

@@ -35,10 +35,13 @@ from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
 from .jobs import Job, finished_chunks, submit_chunks
 from .leasing import LeasePool
+from .lifecycle import sweep
 from .metrics import CoordinatorMetrics
+from .record import RunRecord
 from .rerun import failed_chunks, reopen
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
+from .timeline import Point, Timeline
 from .work import upload
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,8 @@ class JobResult:
     leases_peak: int
     lease_history: tuple[tuple[float, int], ...]
     phases_s: dict[str, float]
+    # (seconds since the start, leases held, chunks done), sampled through the run.
+    series: tuple[Point, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -141,6 +146,7 @@ class Fabric:
             CodeRefused: a Python function, and no live worker runs code on this Python.
             CapacityExceeded: fewer than `min_slices` leases could be had at the start.
             JobTimeout: not every chunk had a result within `timeout_s`.
+            JobCancelled: `vramfabric cancel` (or `rm`) stopped the job while it ran.
         """
         t0 = time.perf_counter()
         spec = job.spec(self.settings)
@@ -171,12 +177,19 @@ class Fabric:
         phases: dict[str, float] = {}
         grower: list[asyncio.Task[None]] = []
         t_submit = 0.0
+        record = RunRecord(self.conn, self.broker, spec)
+        timeline = Timeline(lambda: len(pool), lambda: results.n_done)
+        outcome, value = "failed", None
         try:
+            await record.start()
+            timeline.start()
             if todo:
                 t_submit = await self._execute(
                     job, spec, pool, results, (todo, retried), (slices, min_slices), phases, grower
                 )
-            if not await results.wait(timeout_s):
+                timeline.sample()  # the peak: every lease acquired, none released yet
+            if not await record.wait(results.wait(timeout_s)):
+                outcome = "timeout"
                 raise JobTimeout(
                     f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
                     f"done after {timeout_s}s"
@@ -184,6 +197,7 @@ class Fabric:
             if todo:
                 # From the first chunk submitted to the last result in (overlaps submit_s).
                 phases["execute_s"] = time.perf_counter() - t_submit
+            outcome, value = "failed" if results.n_failed else "done", aggregator.value()
         finally:
             pool.closing = True
             for task in grower:
@@ -193,10 +207,13 @@ class Fabric:
             t = time.perf_counter()
             await pool.release()
             phases["release_s"] = time.perf_counter() - t
+            series = await timeline.stop()
             await results.stop()
             await exhausted.stop()
-        if todo:
-            await self._delete_consumer(spec)
+            if todo:  # a failed, timed-out or cancelled run deletes its consumer too
+                await self._delete_consumer(spec)
+            await record.finish(outcome, results.n_ok, results.n_failed, value)
+        await self._sweep()
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
         self.metrics.job_seconds.labels(tenant=spec.tenant).observe(phases["total_s"])
@@ -205,12 +222,13 @@ class Fabric:
             n_chunks=spec.n_chunks,
             n_ok=results.n_ok,
             n_failed=results.n_failed,
-            value=aggregator.value(),
+            value=value,
             failures=tuple(results.failures),
             resumed=len(done),
             leases_peak=pool.peak,
             lease_history=tuple(pool.history),
             phases_s=phases,
+            series=series,
         )
 
     async def _execute(
@@ -266,6 +284,24 @@ class Fabric:
             await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
         except VramfabricError as exc:
             log.warning("job consumer not deleted job=%s error=%s", spec.job_id, exc)
+
+    async def _sweep(self) -> None:
+        """Remove the tenant's jobs finished longer ago than the retention (best effort)."""
+        if not self.settings.job_retention_s:
+            return
+        try:
+            removed = await sweep(
+                self.conn,
+                self.broker,
+                self.settings.tenant,
+                self.settings.job_retention_s,
+                time.time(),
+            )
+        except VramfabricError as exc:
+            log.warning("old jobs not swept error=%s", exc)
+            return
+        if removed:
+            log.info("old jobs removed count=%d jobs=%s", len(removed), ",".join(removed))
 
     async def _publish_spec(self, spec: JobSpec) -> None:
         kv = await topology.jobs_bucket(self.conn.js, self.broker)

@@ -34,6 +34,9 @@ class CoordinatorSettings:
     # needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
 
+    # Finished jobs older than this are removed after each run (0: kept until `rm`).
+    job_retention_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
         """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
@@ -45,4 +48,5 @@ class CoordinatorSettings:
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
             metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",
+            job_retention_s=env_float(environ, "VRAMFABRIC_JOB_RETENTION_S", 0.0),
         )

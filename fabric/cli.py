@@ -1,4 +1,4 @@
-"""`vramfabric`: demo, server, worker, run and status subcommands (argparse, one cmd_* each)."""
+"""`vramfabric`: demo, up, server, worker, run, status and job commands; one cmd_* each."""
 
 from __future__ import annotations
 
@@ -8,28 +8,48 @@ import json
 import logging
 import signal
 import sys
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from vramfabric.broker import topology
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
-from vramfabric.broker.connection import connect
-from vramfabric.broker.errors import Disconnected, JobTimeout, ServerError, VramfabricError
+from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.errors import (
+    Disconnected,
+    JobCancelled,
+    JobNotFound,
+    JobTimeout,
+    ServerError,
+    VramfabricError,
+)
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-
+from vramfabric.coordinator import lifecycle
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.settings import CoordinatorSettings
 
-from .report import advert_dict, err, jsonable, print_demo, progress_bar, report
+from .report import (
+    err,
+    jsonable,
+    print_demo,
+    print_job,
+    print_jobs,
+    print_status,
+    progress_bar,
+    report,
+    status_dict,
+)
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
+RET_NOT_FOUND, RET_CANCELLED = 5, 6
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
-GIB = 2**30
+T = TypeVar("T")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -54,6 +74,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             metrics,
             workers_port,
         )
+    if args.plot:
+        _plot(summary["series"], args.plot)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -86,6 +108,40 @@ def cmd_server(args: argparse.Namespace) -> int:
     return RET_OK
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    """Run a local fabric (embedded server and simulated workers) until interrupted."""
+    import os
+
+    from vramfabric.broker import discovery
+
+    from .local import LocalFleet
+
+    fleet = LocalFleet(
+        workers=args.workers,
+        simulate=args.simulate,
+        slice_size=args.slice,
+        port=args.port,
+        worker_args=("--allow-code",) if args.allow_code else (),
+        verbose=args.verbose > 1,
+    )
+    path, pid = discovery.discovery_path(os.environ), os.getpid()
+    try:
+        fleet.start()
+        # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        discovery.write(path, fleet.broker.url, pid)
+        print(
+            f"vramfabric up: {fleet.broker.url} ({args.workers} worker(s) of {args.simulate}); "
+            f"clients find it through {path}; Ctrl-C stops it",
+            flush=True,
+        )
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        discovery.remove(path, pid)
+        fleet.stop()
+    return RET_OK
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a node agent ."""
     from vramfabric.worker.__main__ import run
@@ -105,6 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress_bar(not args.json, len(spec.job.inputs)) as progress:
         result = asyncio.run(_run(spec, progress, args))
     summary = report(result)
+    if args.plot:
+        _plot(result.series, args.plot)
     if args.json:
         print(json.dumps(summary, default=jsonable))
     else:
@@ -136,22 +194,73 @@ async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobRes
         )
 
 
+def _plot(series: Any, path: str) -> None:
+    from .plot import plot_series
+
+    err.print(f"lease plot written to {plot_series(series, path)}")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print every live node's GPUs, free and leased VRAM, and tenants' usage."""
+    """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
+    status = status_dict(adverts, CoordinatorSettings.from_env().slice_bytes)
     if args.json:
-        print(json.dumps([advert_dict(a) for a in adverts]))
-        return RET_OK
-    if not adverts:
-        print("no live nodes")
-    for a in adverts:
-        free = sum(g.free_bytes for g in a.gpus)
-        leased = sum(g.leased_bytes for g in a.gpus)
-        print(
-            f"{a.node}: {len(a.gpus)} GPU(s), {free / GIB:.1f} GiB free, "
-            f"{leased / GIB:.1f} GiB leased, tenants {dict(a.tenants) or '-'}"
-        )
+        print(json.dumps(status))
+    else:
+        print_status(status)
     return RET_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """List the tenant's jobs: id, kernel, state, done/failed/total, age."""
+    infos = _lifecycle(lifecycle.list_jobs)
+    now = time.time()
+    if args.json:
+        print(json.dumps([i.as_dict(now) for i in infos], default=jsonable))
+    else:
+        print_jobs(infos, now)
+    return RET_OK
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """Show one job: progress, failures by kind, the aggregate if stored."""
+    info = _lifecycle(lambda c, b, t: lifecycle.inspect(c, b, t, args.id))
+    if args.json:
+        print(json.dumps(info.as_dict(time.time()), default=jsonable))
+    else:
+        print_job(info, time.time())
+    return RET_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Stop a job: consumer deleted, leases released by its coordinator, chunks left unrun."""
+    cancelled = _lifecycle(lambda c, b, t: lifecycle.cancel(c, b, t, args.id))
+    if args.json:
+        print(json.dumps({"job": args.id, "cancelled": cancelled}))
+    else:
+        print(f"job {args.id} " + ("cancelled" if cancelled else "had already finished"))
+    return RET_OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Delete a job: results, spec, record, consumer, checkpoints and outputs."""
+    _lifecycle(lambda c, b, t: lifecycle.remove(c, b, t, args.id))
+    print(json.dumps({"job": args.id, "removed": True}) if args.json else f"job {args.id} removed")
+    return RET_OK
+
+
+def _lifecycle(call: Callable[[Connection, BrokerSettings, str], Awaitable[T]]) -> T:
+    """Run one lifecycle call for the environment's tenant over a fresh connection."""
+
+    async def go() -> T:
+        broker = BrokerSettings.from_env()
+        conn = await connect(broker, name="vramfabric-cli")
+        try:
+            return await call(conn, broker, CoordinatorSettings.from_env().tenant)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
 
 
 async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
@@ -203,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", type=int, default=1000, choices=range(1, 1001), metavar="1..1000")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     add_metrics_port(p, "the coordinator's; its workers use the ports after it")
+    p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
     p.set_defaults(handler=cmd_demo)
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
@@ -215,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a local cluster of this many routed servers (free ports)",
     )
     p.set_defaults(handler=cmd_server)
+    p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
+    p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
+    p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
+    p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
+    p.set_defaults(handler=cmd_up)
     from vramfabric.worker.__main__ import add_arguments
 
     p = sub.add_parser("worker", help="run a node agent")
@@ -230,11 +347,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="run again the chunks that failed or ran out of retries in an earlier run",
     )
     add_metrics_port(p, "the coordinator's")
+    p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
     p.set_defaults(handler=cmd_run)
-    p = sub.add_parser("status", help="show live nodes and their VRAM")
+    p = sub.add_parser("status", help="show live nodes, slices free and leased, leases by job")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_status)
+    _add_job_commands(sub)
     return parser
+
+
+def _add_job_commands(sub: Any) -> None:
+    p = sub.add_parser("jobs", help="list jobs: id, kernel, state, done/failed/total, age")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_jobs)
+    for name, handler, what in (
+        ("job", cmd_job, "show a job's progress, failures by kind and aggregate"),
+        ("cancel", cmd_cancel, "stop a job: consumer deleted, leases released, chunks unrun"),
+        ("rm", cmd_rm, "delete a job's results, spec, consumer and checkpoints"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("id", help="the job id (see `vramfabric jobs`)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(handler=handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     except JobTimeout as exc:
         err.print(f"vramfabric: {exc}")
         return RET_JOB_FAILED
+    except JobNotFound as exc:
+        err.print(f"vramfabric: {exc}")
+        return RET_NOT_FOUND
+    except JobCancelled as exc:
+        err.print(f"vramfabric: {exc}")
+        return RET_CANCELLED
     except (ServerError, VramfabricError, ValueError) as exc:
         err.print(f"vramfabric: {exc}")
         return RET_FAILED

@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 
 from vramfabric.broker.settings import parse_size
-from vramfabric.kernels import HYPERPARAM_EVAL
-from vramfabric.kernels.hyperparam import encode_config, search_space
-
 from vramfabric.coordinator.aggregate import ArgMin
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobs import Job
 from vramfabric.coordinator.metrics import CoordinatorMetrics
-from .local import LocalFleet
 from vramfabric.coordinator.results import Progress
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.kernels import HYPERPARAM_EVAL
+from vramfabric.kernels.hyperparam import encode_config, search_space
+
+from .local import LocalFleet
 
 
 def reference_argmin(configs: list[tuple[float, int, float]]) -> tuple[int, float]:
@@ -113,5 +113,7 @@ def demo(
         "startup_s": round(started_s, 3),
         "leased_bytes_after": leased_after,
         "worker_exit_codes": exit_codes,
+        # (seconds, leases active, chunks done) through the run: what `--plot` draws.
+        "series": [list(p) for p in result.series],
     }
     return summary

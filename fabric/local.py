@@ -35,6 +35,7 @@ class LocalFleet:
     replicas: int = 1
     worker_args: tuple[str, ...] = ()
     verbose: bool = False
+    port: int = -1  # of the embedded server; -1 picks a free one
     # Workers serve metrics when set: on this port plus their index, or each on a free port if 0.
     metrics_port: int | None = None
     server: NatsServer | None = attrs.field(default=None, init=False)
@@ -53,7 +54,7 @@ class LocalFleet:
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
         if self.url is None:
-            self.server = NatsServer().start()
+            self.server = NatsServer(port=self.port).start()
         try:
             for i in range(self.workers):
                 self.procs.append(self.spawn_worker(f"local-{i}"))

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from vramfabric.broker.messages import NodeAdvert
-
 from vramfabric.coordinator.fabric import JobResult
+from vramfabric.coordinator.lifecycle import JobInfo
 from vramfabric.coordinator.results import ResultsConsumer
 
 err = Console(stderr=True)
+
+
+class RateColumn(ProgressColumn):
+    """Chunks per second over rich's recent window."""
+
+    def render(self, task: Task) -> Text:
+        """The rate, or a dash before there is one."""
+        speed = task.finished_speed or task.speed
+        return Text("-- chunks/s" if speed is None else f"{speed:,.0f} chunks/s")
 
 
 @contextmanager
@@ -28,7 +48,10 @@ def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsume
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("failed {task.fields[failed]}"),
+        RateColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("chunks", total=total, failed=0)
@@ -83,6 +106,7 @@ def advert_dict(a: NodeAdvert) -> dict[str, Any]:
         "node": a.node,
         "sent_at": a.sent_at,
         "tenants": dict(a.tenants),
+        "jobs": dict(a.jobs),
         "gpus": [
             {
                 "index": g.index,
@@ -90,6 +114,7 @@ def advert_dict(a: NodeAdvert) -> dict[str, Any]:
                 "total_bytes": g.total_bytes,
                 "free_bytes": g.free_bytes,
                 "leased_bytes": g.leased_bytes,
+                "healthy": g.healthy,
             }
             for g in a.gpus
         ],
@@ -103,3 +128,82 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return f"<{len(value)} bytes>"
     return repr(value)
+
+
+def print_jobs(infos: list[JobInfo], now: float) -> None:
+    """One line per job: id, kernel, state, done/failed/total, age."""
+    if not infos:
+        print("no jobs")
+        return
+    print(f"{'JOB':<18} {'KERNEL':<24} {'STATE':<10} {'DONE/FAILED/TOTAL':>20} {'AGE':>8}")
+    for i in infos:
+        counts = f"{i.n_done}/{i.n_failed}/{i.n_chunks}"
+        age = _age(now - i.started_at) if i.started_at else "-"
+        print(f"{i.job:<18} {i.kernel[:24]:<24} {i.state:<10} {counts:>20} {age:>8}")
+
+
+def print_job(info: JobInfo, now: float) -> None:
+    """One job's progress, failures by kind, and aggregate."""
+    pct = 100.0 * info.n_done / info.n_chunks
+    print(f"job {info.job} ({info.tenant}): {info.state}, kernel {info.kernel}")
+    print(f"progress: {info.n_done}/{info.n_chunks} chunks ({pct:.1f}%), {info.n_failed} failed")
+    if info.started_at:
+        print(f"started {_age(now - info.started_at)} ago")
+    for kind, n in sorted(info.failures_by_kind.items()):
+        print(f"  failed {kind}: {n}")
+    if info.value is not None:
+        print(f"aggregate: {json.dumps(info.value)}")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def status_dict(adverts: list[NodeAdvert], slice_bytes: int) -> dict[str, Any]:
+    """The fleet in numbers: nodes, GPUs, slices free and leased, leases by tenant and job."""
+    leases_by_job: dict[str, int] = {}
+    for a in adverts:
+        for key, n in a.jobs.items():
+            leases_by_job[key] = leases_by_job.get(key, 0) + n
+    tenants: dict[str, int] = {}
+    for key, n in leases_by_job.items():
+        tenant = key.split(".", 1)[0]
+        tenants[tenant] = tenants.get(tenant, 0) + n
+    return {
+        "nodes": [advert_dict(a) for a in adverts],
+        "n_nodes": len(adverts),
+        "n_gpus": sum(len(a.gpus) for a in adverts),
+        "slice_bytes": slice_bytes,
+        "slices_free": sum(a.free_slices(slice_bytes) for a in adverts),
+        "leases": sum(leases_by_job.values()),
+        "leased_bytes": sum(g.leased_bytes for a in adverts for g in a.gpus),
+        "leases_by_tenant": tenants,
+        "leases_by_job": leases_by_job,
+        "unhealthy_gpus": [f"{a.node}/{g.index}" for a in adverts for g in a.gpus if not g.healthy],
+    }
+
+
+def print_status(s: dict[str, Any]) -> None:
+    """The fleet summary, then one line per node."""
+    if not s["nodes"]:
+        print("no live nodes")
+        return
+    print(
+        f"{s['n_nodes']} node(s), {s['n_gpus']} GPU(s): {s['slices_free']} slices of "
+        f"{s['slice_bytes'] / 2**20:.0f} MiB free, {s['leases']} leased"
+    )
+    for node in s["nodes"]:
+        free = sum(g["free_bytes"] for g in node["gpus"])
+        leased = sum(g["leased_bytes"] for g in node["gpus"])
+        print(
+            f"  {node['node']}: {len(node['gpus'])} GPU(s), {free / 2**30:.1f} GiB free, "
+            f"{leased / 2**30:.1f} GiB leased"
+        )
+    for key, n in sorted(s["leases_by_job"].items()):
+        print(f"  leases of {key}: {n}")
+    if s["unhealthy_gpus"]:
+        print(f"  unhealthy GPUs: {', '.join(s['unhealthy_gpus'])}")

@@ -210,8 +210,10 @@ class SliceLedger:
     def advert(self, now: float) -> NodeAdvert:
         """The node's advert: per-GPU free and leased bytes and per-tenant usage."""
         tenants: Counter[str] = Counter()
+        jobs: Counter[str] = Counter()
         for lease in self.holding():
             tenants[lease.tenant] += lease.slice_bytes
+            jobs[f"{lease.tenant}.{lease.job}"] += 1
         gpus = tuple(
             GpuState(
                 index=g.index,
@@ -224,4 +226,6 @@ class SliceLedger:
             )
             for g in self.gpus
         )
-        return NodeAdvert(node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now)
+        return NodeAdvert(
+            node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now, jobs=dict(jobs)
+        )

@@ -18,6 +18,8 @@ PLACEHOLDERS = {
     "424242": "<chunk>",
     "737373": "<work_seq>",
     "runid": "<run>",
+    "bucketid": "<bucket>",
+    "keyid": "<key>",
 }
 
 
@@ -46,6 +48,10 @@ def code_names() -> set[str]:
         s.jobs_bucket(),
         s.kernels_store(),
         s.job_key("tenantid", "jobid"),
+        s.job_state_key("tenantid", "jobid"),
+        s.kv_stream("bucketid"),
+        s.kv_subject("bucketid", "keyid"),
+        s.kv_job_filter("bucketid", "tenantid", "jobid"),
         s.chunk_msg_id("jobid", 424242),
         s.result_msg_id("jobid", 424242, 737373),
         s.chunk_retry_msg_id("jobid", 424242, "runid"),

@@ -1,0 +1,31 @@
+"""The lease plot: `vramfabric demo --plot` draws the run's leases and chunks done."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "vramfabric"]
+
+
+def test_demo_plot_shows_the_lease_ramp_and_the_drop_to_zero(tmp_path: Path) -> None:
+    # When a user runs the demo with --plot
+    png = tmp_path / "leases.png"
+    proc = subprocess.run(
+        [*CLI, "demo", "--json", "--plot", str(png)], capture_output=True, text=True, timeout=120
+    )
+    # Then it succeeds and the series behind the plot rises to 1000 leases, every chunk
+    # gets done, and the leases drop to zero at the end
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    series = json.loads(proc.stdout)["series"]
+    times = [p[0] for p in series]
+    assert times == sorted(times)
+    assert max(p[1] for p in series) >= 1000
+    assert series[-1][1] == 0
+    assert series[-1][2] == 1000
+    assert [p[2] for p in series] == sorted(p[2] for p in series)
+    # And the PNG is written
+    assert png.stat().st_size > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
