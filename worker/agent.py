@@ -88,7 +88,7 @@ class Agent:
             self.settings,
             self.ledger,
             self.executors,
-            WorkLoader(await topology.kernels_store(js, self.broker)),
+            WorkLoader(lambda tenant: topology.kernels_store(js, self.broker, tenant)),
             ChunkStore(js, self.broker),
             simulated=gpus[0].simulated,
         )
@@ -193,7 +193,14 @@ class Agent:
             try:
                 entry = await self._jobs_kv.get(kv_key)
                 if entry.value:
-                    return decode(JobSpec, entry.value)
+                    spec = decode(JobSpec, entry.value)
+                    # The key's tenant is the one the lease subject named: a spec claiming
+                    # another tenant (or job) would pull and answer that tenant's work.
+                    if (spec.tenant, spec.job_id) != key:
+                        raise InvalidMessage(
+                            "JobSpec", f"spec of {spec.tenant}.{spec.job_id} under key {kv_key}"
+                        )
+                    return spec
             except InvalidMessage as exc:
                 log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
                 self.metrics.invalid_messages_total.labels(subject="job_spec").inc()

@@ -1,0 +1,232 @@
+"""Auth on: the server itself refuses a tenant everything of another tenant's, promptly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import pytest_asyncio
+from nats.js.api import ConsumerConfig
+from nats.js.kv import KeyValue
+
+from tests.helpers import eventually
+from vramfabric.broker import auth, tenants
+from vramfabric.broker.codec import encode
+from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.errors import PermissionDenied
+from vramfabric.broker.messages import RenewRequest, ReleaseRequest
+from vramfabric.broker.server import NatsServer
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
+from vramfabric.coordinator.aggregate import Collect
+from vramfabric.worker import Agent, WorkerSettings
+
+# A refusal must come from the server's violation report, well before a request timeout.
+REQUEST_TIMEOUT_S = 5.0
+PROMPT_S = 2.0
+
+TENANTS_TOML = """
+[operator]
+password = "op-secret"
+[workers]
+password = "worker-secret"
+[tenants.alice]
+password = "alice-secret"
+quota = "6GiB"
+allow_code = true
+[tenants.bob]
+password = "bob-secret"
+"""
+
+
+@attrs.frozen
+class AuthFabric:
+    """A server started with the generated config, and settings per user."""
+
+    base: BrokerSettings
+    file: tenants.TenantsFile
+
+    def as_user(self, user: str, password: str | None) -> BrokerSettings:
+        """Settings connecting as `user`."""
+        return auth.settings_for(self.base, user, password)
+
+    @property
+    def operator(self) -> BrokerSettings:
+        """The operator's settings."""
+        return self.as_user(tenants.OPERATOR_USER, "op-secret")
+
+    @property
+    def worker(self) -> BrokerSettings:
+        """The node agents' settings."""
+        return self.as_user(tenants.WORKERS_USER, "worker-secret")
+
+    def tenant(self, name: str) -> BrokerSettings:
+        """A tenant's settings."""
+        return self.as_user(name, f"{name}-secret")
+
+
+@pytest.fixture(scope="module")
+def auth_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFabric]:
+    """nats-server on a free port with the config generated from TENANTS_TOML, provisioned."""
+    folder = tmp_path_factory.mktemp("auth")
+    path = folder / "tenants.toml"
+    path.write_text(TENANTS_TOML)
+    file = tenants.load(path)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    base = BrokerSettings(prefix=prefix, node_ttl_s=2.0, request_timeout_s=REQUEST_TIMEOUT_S)
+    config = auth.write_config(file, base.subjects, folder / "server.json", port=-1)
+    server = NatsServer(config_file=str(config), store_dir=str(folder / "js")).start()
+    try:
+        fabric = AuthFabric(attrs.evolve(base, url=server.url), file)
+        asyncio.run(auth.provision_tenants(fabric.operator, file))
+        yield fabric
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture
+async def connections(auth_fabric: AuthFabric) -> AsyncIterator[Callable[[BrokerSettings], Awaitable[Connection]]]:
+    """Open connections as any user; all closed after the test."""
+    opened: list[Connection] = []
+
+    async def open_as(settings: BrokerSettings) -> Connection:
+        conn = await connect(settings, name="test-auth")
+        opened.append(conn)
+        return conn
+
+    yield open_as
+    for conn in opened:
+        await conn.close()
+
+
+async def refused(call: Awaitable[Any]) -> float:
+    """Await `call`, expecting PermissionDenied; return how long the refusal took."""
+    t0 = time.monotonic()
+    with pytest.raises(PermissionDenied):
+        await call
+    return time.monotonic() - t0
+
+
+async def test_unauthenticated_and_wrong_password_clients_are_refused(auth_fabric: AuthFabric) -> None:
+    # Given a server with auth on
+    # When a client connects without credentials, or with a wrong password
+    # Then the server refuses both, and the client gets PermissionDenied (not a retryable error)
+    with pytest.raises(PermissionDenied):
+        await connect(auth_fabric.base, name="anonymous")
+    with pytest.raises(PermissionDenied):
+        await connect(auth_fabric.as_user("alice", "wrong"), name="wrong")
+
+
+async def test_tenant_b_cannot_read_a_results(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a result stored in alice's results stream
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    await a.js.publish(s.result("alice", "job1", 0), b"alice's result")
+    stream, subject = s.results_stream("alice"), s.result_filter("alice", "job1")
+    # When bob follows it with an ordered consumer, gets it by sequence or subscribes to it
+    # Then each is refused promptly
+    assert await refused(b.js.subscribe(subject, stream=stream, ordered_consumer=True)) < PROMPT_S
+    assert await refused(b.js.get_msg(stream, 1)) < PROMPT_S
+    assert await refused(b.nc.subscribe(subject)) < PROMPT_S
+    # And alice herself reads it (the refusal is about bob, not a broken grant)
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        await got.put(msg.data)
+
+    sub = await a.js.subscribe(subject, stream=stream, ordered_consumer=True, cb=on_msg)
+    assert await asyncio.wait_for(got.get(), 5) == b"alice's result"
+    await sub.unsubscribe()
+
+
+async def test_tenant_b_cannot_publish_to_a_work(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given alice's work subject
+    s = auth_fabric.base.subjects
+    b = await connections(auth_fabric.tenant("bob"))
+    # When bob publishes a chunk to it
+    # Then the server refuses it, promptly, and nothing lands in alice's stream
+    assert await refused(b.js.publish(s.work("alice", "job1"), b"x")) < PROMPT_S
+    op = await connections(auth_fabric.operator)
+    info = await op.js.stream_info(s.work_stream("alice"))
+    assert info.state.messages == 0
+
+
+async def test_tenant_b_cannot_read_a_job_specs(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a job spec of alice's in the shared jobs bucket
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    await a.js.publish(s.job_spec("alice", "job1"), b"alice's spec")
+    bucket = s.jobs_bucket()
+    # When bob binds the bucket, gets the key directly or by message, or subscribes to it
+    # Then each is refused
+    assert await refused(b.js.key_value(bucket)) < PROMPT_S
+    for direct in (True, False):
+        kv = KeyValue(name=bucket, stream=s.kv_stream(bucket), pre=f"$KV.{bucket}.", js=b.js, direct=direct)
+        assert await refused(kv.get(s.job_key("alice", "job1"))) < PROMPT_S
+    assert await refused(b.nc.subscribe(s.kv_subjects(bucket))) < PROMPT_S
+
+
+async def test_tenant_b_cannot_create_or_delete_consumers_on_a_streams(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given alice's streams and a consumer alice made on her work stream
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    work = s.work_stream("alice")
+    mine = ConsumerConfig(durable_name=s.job_consumer("job1"), filter_subject=s.work("alice", "job1"))
+    await a.js.add_consumer(work, mine)
+    # When bob creates a consumer on each of alice's streams (named, durable or ephemeral)
+    for stream in (work, s.results_stream("alice"), s.dead_stream("alice")):
+        for config in (
+            ConsumerConfig(durable_name="sneaky"),
+            ConsumerConfig(name="sneaky", filter_subject=s.work("alice", "job1")),
+            ConsumerConfig(),
+        ):
+            # Then the server refuses each
+            assert await refused(b.js.add_consumer(stream, config)) < PROMPT_S
+    # And he cannot delete alice's consumer, nor overwrite it
+    assert await refused(b.js.delete_consumer(work, s.job_consumer("job1"))) < PROMPT_S
+    hijack = ConsumerConfig(name=s.job_consumer("job1"), filter_subject=s.work("alice", "job2"))
+    assert await refused(b.js.add_consumer(work, hijack)) < PROMPT_S
+    info = await a.js.consumer_info(work, s.job_consumer("job1"))
+    assert info.config.filter_subject == s.work("alice", "job1")
+
+
+async def test_tenant_b_cannot_see_a_replies_or_touch_a_leases(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given alice's inbox and lease subjects
+    s = auth_fabric.base.subjects
+    b = await connections(auth_fabric.tenant("bob"))
+    # When bob subscribes to alice's inbox, or renews or releases leases as alice
+    # Then the server refuses each promptly
+    assert await refused(b.nc.subscribe(f"{s.inbox_prefix('alice')}.>")) < PROMPT_S
+    renew = encode(RenewRequest(("lease-1",), 5.0))
+    release = encode(ReleaseRequest(("lease-1",)))
+    subject = s.lease("alice", "node1", "renew")
+    assert await refused(b.nc.request(subject, renew, timeout=REQUEST_TIMEOUT_S)) < PROMPT_S
+    subject = s.lease("alice", "node1", "release")
+    assert await refused(b.nc.request(subject, release, timeout=REQUEST_TIMEOUT_S)) < PROMPT_S
+
+
+async def test_worker_user_cannot_read_results(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a result in alice's results stream
+    s = auth_fabric.base.subjects
+    w = await connections(auth_fabric.worker)
+    await w.js.publish(s.result("alice", "job9", 0), b"computed")
+    stream = s.results_stream("alice")
+    # When the workers' user follows or fetches it, or subscribes to result subjects
+    # Then the server refuses each (a worker only ever publishes results)
+    subject = s.result_filter("alice")
+    assert await refused(w.js.subscribe(subject, stream=stream, ordered_consumer=True)) < PROMPT_S
+    assert await refused(w.js.get_msg(stream, 1)) < PROMPT_S
+    assert await refused(w.nc.subscribe(subject)) < PROMPT_S
