@@ -72,6 +72,8 @@ class NodeAdvert:
     # `major.minor` of the worker's Python, and whether it runs Python callables.
     python: str = ""
     allow_code: bool = False
+    # Tenants this node lately could not give all they asked for (see docs/protocol.md).
+    waiting: tuple[str, ...] = ()
     v: int = PROTOCOL_VERSION
 
     @property
@@ -138,10 +140,15 @@ class RenewRequest:
 
 @attrs.frozen
 class RenewReply:
-    """New expiry per renewed lease; `unknown` lists leases the node no longer holds."""
+    """New expiry per renewed lease; `unknown` lists leases the node no longer holds.
+
+    `revoked` lists leases the node ended instead of renewing them (fair share): they are
+    gone like the unknown ones; a chunk still running on one finishes.
+    """
 
     expires_at: Mapping[str, float]
     unknown: tuple[str, ...] = ()
+    revoked: tuple[str, ...] = ()
     v: int = PROTOCOL_VERSION
 
 

@@ -284,7 +284,9 @@ class Fabric:
                 return
             pool.prune(set(self.fleet.adverts))
             want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
-            if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:
+            if want > 0:
+                # Also when the fleet looks full: the pool then asks one node, which tells
+                # the fleet this tenant waits for its fair share.
                 added = await pool.acquire(want)
                 if added:
                     log.info(

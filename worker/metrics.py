@@ -20,6 +20,8 @@ class WorkerMetrics:
     duplicate_results_total: Counter = attrs.field(init=False)
     invalid_messages_total: Counter = attrs.field(init=False)
     lease_requests_total: Counter = attrs.field(init=False)
+    lease_denials_total: Counter = attrs.field(init=False)
+    leases_revoked_total: Counter = attrs.field(init=False)
     chunk_seconds: Histogram = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -46,6 +48,15 @@ class WorkerMetrics:
         )
         self.lease_requests_total = Counter(
             "lease_requests", "Lease requests served", ["op", "outcome"], registry=r
+        )
+        self.lease_denials_total = Counter(
+            "lease_denials",
+            "Lease requests denied by a tenant's quota or fair share",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.leases_revoked_total = Counter(
+            "leases_revoked", "Leases ended at renewal for the fair share", ["tenant"], registry=r
         )
         self.chunk_seconds = Histogram(
             "chunk_seconds",

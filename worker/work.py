@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 import attrs
 import nats.js.errors
@@ -45,9 +45,20 @@ def _builtin(name: str, digest: str) -> Work:
     return Work("builtin", name, digest)
 
 
-def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | None:
-    """Why this node must not run the job's code, or None if it may."""
+def refusal(
+    spec: JobSpec, allow_code: bool, simulated: bool, tenant_may: bool = True
+) -> CodeRefused | None:
+    """Why this node must not run the job's code, or None if it may.
+
+    `tenant_may` is the tenants file's word on the job's tenant (the tenant comes from
+    the subject the job's leases were asked on, never from the spec's payload).
+    """
     python_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
+    if python_code and not tenant_may:
+        return CodeRefused(
+            f"tenant {spec.tenant} may not run Python code on this fabric "
+            "(allow_code is not set for it in the tenants file)"
+        )
     if python_code and not allow_code:
         if spec.kernel_kind == "python":
             why = "this worker does not run Python functions"

@@ -6,7 +6,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,17 +14,13 @@ import pytest_asyncio
 from nats.js.api import ConsumerConfig
 from nats.js.kv import KeyValue
 
-from tests.helpers import eventually
 from vramfabric.broker import auth, tenants
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import PermissionDenied
-from vramfabric.broker.messages import RenewRequest, ReleaseRequest
+from vramfabric.broker.messages import ReleaseRequest, RenewRequest
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
-from vramfabric.coordinator.aggregate import Collect
-from vramfabric.worker import Agent, WorkerSettings
 
 # A refusal must come from the server's violation report, well before a request timeout.
 REQUEST_TIMEOUT_S = 5.0
@@ -91,7 +86,9 @@ def auth_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFabric
 
 
 @pytest_asyncio.fixture
-async def connections(auth_fabric: AuthFabric) -> AsyncIterator[Callable[[BrokerSettings], Awaitable[Connection]]]:
+async def connections(
+    auth_fabric: AuthFabric,
+) -> AsyncIterator[Callable[[BrokerSettings], Awaitable[Connection]]]:
     """Open connections as any user; all closed after the test."""
     opened: list[Connection] = []
 
@@ -113,7 +110,9 @@ async def refused(call: Awaitable[Any]) -> float:
     return time.monotonic() - t0
 
 
-async def test_unauthenticated_and_wrong_password_clients_are_refused(auth_fabric: AuthFabric) -> None:
+async def test_unauthenticated_and_wrong_password_clients_are_refused(
+    auth_fabric: AuthFabric,
+) -> None:
     # Given a server with auth on
     # When a client connects without credentials, or with a wrong password
     # Then the server refuses both, and the client gets PermissionDenied (not a retryable error)
@@ -169,7 +168,9 @@ async def test_tenant_b_cannot_read_a_job_specs(auth_fabric: AuthFabric, connect
     # Then each is refused
     assert await refused(b.js.key_value(bucket)) < PROMPT_S
     for direct in (True, False):
-        kv = KeyValue(name=bucket, stream=s.kv_stream(bucket), pre=f"$KV.{bucket}.", js=b.js, direct=direct)
+        kv = KeyValue(
+            name=bucket, stream=s.kv_stream(bucket), pre=f"$KV.{bucket}.", js=b.js, direct=direct
+        )
         assert await refused(kv.get(s.job_key("alice", "job1"))) < PROMPT_S
     assert await refused(b.nc.subscribe(s.kv_subjects(bucket))) < PROMPT_S
 
@@ -182,7 +183,9 @@ async def test_tenant_b_cannot_create_or_delete_consumers_on_a_streams(
     a = await connections(auth_fabric.tenant("alice"))
     b = await connections(auth_fabric.tenant("bob"))
     work = s.work_stream("alice")
-    mine = ConsumerConfig(durable_name=s.job_consumer("job1"), filter_subject=s.work("alice", "job1"))
+    mine = ConsumerConfig(
+        durable_name=s.job_consumer("job1"), filter_subject=s.work("alice", "job1")
+    )
     await a.js.add_consumer(work, mine)
     # When bob creates a consumer on each of alice's streams (named, durable or ephemeral)
     for stream in (work, s.results_stream("alice"), s.dead_stream("alice")):

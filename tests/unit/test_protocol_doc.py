@@ -18,6 +18,8 @@ PLACEHOLDERS = {
     "424242": "<chunk>",
     "737373": "<work_seq>",
     "runid": "<run>",
+    "bucketid": "<bucket>",
+    "userid": "<user>",
 }
 
 
@@ -44,7 +46,13 @@ def code_names() -> set[str]:
         s.stream_info_api("streamid"),
         s.nodes_bucket(),
         s.jobs_bucket(),
-        s.kernels_store(),
+        s.kernels_store("tenantid"),
+        s.job_spec("tenantid", "jobid"),
+        s.kv_stream("bucketid"),
+        s.kv_subjects("bucketid"),
+        s.object_stream("bucketid"),
+        s.object_subjects("bucketid"),
+        s.inbox_prefix("userid"),
         s.job_key("tenantid", "jobid"),
         s.chunk_msg_id("jobid", 424242),
         s.result_msg_id("jobid", 424242, 737373),
