@@ -53,6 +53,7 @@ def _shared_kv_read(stream: str) -> list[str]:
         f"{_API}.DIRECT.GET.{stream}",
         f"{_API}.DIRECT.GET.{stream}.>",
         f"{_API}.CONSUMER.CREATE.{stream}",
+        f"{_API}.CONSUMER.INFO.{stream}.*",
     ]
 
 
@@ -74,6 +75,9 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         s.object_subjects(kernels),
         *(p for stream in own_streams for p in _stream_reads(stream)),
         *_shared_kv_read(s.kv_stream(s.nodes_bucket())),
+        # nats-py's object-store get looks its stream up by subject. Stream names carry
+        # tenant names, which adverts show anyway: tenant names are not secret.
+        f"{_API}.STREAM.NAMES",
     ]
     subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter()]
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
@@ -93,6 +97,7 @@ def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]
         s.kv_subjects(s.checkpoints_bucket()),
         *(p for bucket in shared for p in _shared_kv_read(s.kv_stream(bucket))),
         f"{_API}.CONSUMER.CREATE.{s.kv_stream(s.checkpoints_bucket())}",
+        f"{_API}.STREAM.NAMES",
     ]
     for tenant in tenants:
         work = s.work_stream(tenant)

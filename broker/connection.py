@@ -46,17 +46,19 @@ class GuardedClient(Client):
         self._waiting: dict[str, set[asyncio.Future[None]]] = {}
 
     def violation(self, message: str) -> bool:
-        """Fail the calls waiting on the subject a violation names; True if it was one."""
+        """Fail the calls waiting on the subject a violation names; True if any was."""
         match = _VIOLATION.search(message)
         if match is None:
             return False
         op, subject = match.groups()
+        failed = False
         for waiter in self._waiting.pop(subject, ()):
             if not waiter.done():
                 waiter.set_exception(
                     PermissionDenied(f"the server refused {op} to {subject!r} for this user")
                 )
-        return True
+                failed = True
+        return failed
 
     @contextlib.contextmanager
     def _watch(self, subject: str) -> Iterator[asyncio.Future[None]]:
@@ -147,8 +149,11 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
 
     async def on_error(exc: Exception) -> None:
         # Permission violations arrive only here; the guard hands them to the waiting call.
-        nc.violation(str(exc))
         msg = f"{type(exc).__name__}: {exc}"
+        if nc.violation(str(exc)):
+            # Raised from the call that caused it, which decides how bad it is.
+            log.debug("permission violation name=%s error=%s", name, msg)
+            return
         if len(errors) < 1000:
             errors.append(msg)
         log.warning("nats error name=%s error=%s", name, msg)

@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vramfabric.broker.messages import NodeAdvert
-
 from vramfabric.coordinator.fabric import JobResult
 from vramfabric.coordinator.results import ResultsConsumer
 

@@ -90,10 +90,15 @@ class FleetShare:
         others = sum(g.total_bytes for a in self._fresh(now) for g in a.gpus if g.healthy)
         return own + others
 
-    def shares(self, now: float) -> dict[str, float]:
-        """Each active tenant's weighted share of the fleet in bytes (active: holding or waiting)."""
+    def shares(self, now: float, asking: str | None = None) -> dict[str, float]:
+        """Each active tenant's weighted share of the fleet in bytes.
+
+        Active: holding VRAM or waiting anywhere, plus `asking`, the tenant asking now.
+        """
         use = self.usage(now)
         active = {t for t, n in use.items() if n > 0} | self.waiting(now)
+        if asking is not None:
+            active.add(asking)
         total = sum(self.policy.weight(t) for t in active)
         capacity = self.capacity_bytes(now)
         return {t: capacity * self.policy.weight(t) / total for t in active}
@@ -103,7 +108,7 @@ class FleetShare:
         waiting = self.waiting(now) - {tenant}
         if not waiting:
             return None
-        use, shares = self.usage(now), self.shares(now)
+        use, shares = self.usage(now), self.shares(now, asking=tenant)
         if any(use[w] < shares[w] for w in waiting):
             return use, shares
         return None

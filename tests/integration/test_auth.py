@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -14,13 +15,18 @@ import pytest_asyncio
 from nats.js.api import ConsumerConfig
 from nats.js.kv import KeyValue
 
+from tests.helpers import eventually
+from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import auth, tenants
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import PermissionDenied
+from vramfabric.broker.errors import ErrorKind, PermissionDenied
 from vramfabric.broker.messages import ReleaseRequest, RenewRequest
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
+from vramfabric.coordinator.aggregate import Gather
+from vramfabric.worker import Agent, WorkerSettings
 
 # A refusal must come from the server's violation report, well before a request timeout.
 REQUEST_TIMEOUT_S = 5.0
@@ -46,6 +52,7 @@ class AuthFabric:
 
     base: BrokerSettings
     file: tenants.TenantsFile
+    path: Path
 
     def as_user(self, user: str, password: str | None) -> BrokerSettings:
         """Settings connecting as `user`."""
@@ -78,7 +85,7 @@ def auth_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFabric
     config = auth.write_config(file, base.subjects, folder / "server.json", port=-1)
     server = NatsServer(config_file=str(config), store_dir=str(folder / "js")).start()
     try:
-        fabric = AuthFabric(attrs.evolve(base, url=server.url), file)
+        fabric = AuthFabric(attrs.evolve(base, url=server.url), file, path)
         asyncio.run(auth.provision_tenants(fabric.operator, file))
         yield fabric
     finally:
@@ -233,3 +240,76 @@ async def test_worker_user_cannot_read_results(auth_fabric: AuthFabric, connecti
     assert await refused(w.js.subscribe(subject, stream=stream, ordered_consumer=True)) < PROMPT_S
     assert await refused(w.js.get_msg(stream, 1)) < PROMPT_S
     assert await refused(w.nc.subscribe(subject)) < PROMPT_S
+
+
+@pytest_asyncio.fixture
+async def agents(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
+    """Start in-process agents as the workers' user, with the tenants file's policy."""
+    started: list[Agent] = []
+
+    async def start(node: str, simulate: str = "2x2GiB", **kw: Any) -> Agent:
+        settings = WorkerSettings(
+            node=node,
+            simulate=simulate,
+            slice_bytes=2**30,
+            heartbeat_s=0.2,
+            drain_grace_s=1.0,
+            kernel_modules=("tests.kernels_for_tests",),
+            tenants_file=str(auth_fabric.path),
+            **kw,
+        )
+        agent = Agent(auth_fabric.worker, settings, await connect(auth_fabric.worker, name=node))
+        await agent.start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        await agent.stop(grace_s=0.5)
+        await agent.conn.close()
+
+
+@pytest_asyncio.fixture
+async def fabrics(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Fabric]]]:
+    """Connect fabrics as a tenant (short TTLs); closed after the test."""
+    opened: list[Fabric] = []
+
+    async def open_as(tenant: str, **kw: Any) -> Fabric:
+        settings = CoordinatorSettings(
+            tenant=tenant, slice_bytes=2**30, lease_ttl_s=3.0, ack_wait_s=2.0, **kw
+        )
+        fabric = await Fabric.connect(auth_fabric.tenant(tenant), settings)
+        opened.append(fabric)
+        return fabric
+
+    yield open_as
+    for fabric in opened:
+        await fabric.close()
+
+
+def sleepy_job(n: int, sleep_s: float, log_dir: Path | None = None) -> Job:
+    """A job of `n` sleepy chunks (values 0..n-1), logging executions to `log_dir`."""
+    args: dict[str, Any] = {"sleep_s": sleep_s}
+    if log_dir is not None:
+        args["log_dir"] = str(log_dir)
+    return Job(SLEEPY, [sleepy_input(i) for i in range(n)], args=args, job_id=uuid.uuid4().hex[:12])
+
+
+async def test_a_job_runs_with_auth_on_and_code_follows_the_tenants_file(
+    agents: Any, fabrics: Any
+) -> None:
+    # Given a node that runs code, alice (allow_code) and bob (not)
+    await agents("n-code", allow_code=True)
+    alice, bob = await fabrics("alice"), await fabrics("bob")
+    await eventually(lambda: bool(alice.fleet.adverts) and bool(bob.fleet.adverts))
+    # When alice runs a kernel job and a Python function, and bob runs the same function
+    done = await alice.run(sleepy_job(8, 0.0), Gather(), timeout_s=30)
+    mine = await alice.run(Job(abs, [-1, -2, 3]), Gather(), timeout_s=30)
+    theirs = await bob.run(Job(abs, [-1, -2, 3], job_id="bobabs"), Gather(), timeout_s=30)
+    # Then alice's jobs complete through the permissions of her user and the workers'
+    assert done.ok and [x.tolist() for x in done.value] == [[float(i)] for i in range(8)]
+    assert mine.ok and mine.value == [1, 2, 3], mine.failures[0].error
+    # And bob's chunks fail permanently with code_refused, naming the tenants file
+    assert theirs.n_failed == 3
+    assert {f.error_kind for f in theirs.failures} == {ErrorKind.CODE_REFUSED}
+    assert "tenants file" in (theirs.failures[0].error or "")
