@@ -26,6 +26,7 @@ from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
+from vramfabric.coordinator.leasing import LeasePool
 from vramfabric.worker import Agent, WorkerSettings
 
 # A refusal must come from the server's violation report, well before a request timeout.
@@ -313,3 +314,59 @@ async def test_a_job_runs_with_auth_on_and_code_follows_the_tenants_file(
     assert theirs.n_failed == 3
     assert {f.error_kind for f in theirs.failures} == {ErrorKind.CODE_REFUSED}
     assert "tenants file" in (theirs.failures[0].error or "")
+
+
+def held_slices(fabric: Fabric, tenant: str) -> int:
+    """Slices (1 GiB) the tenant holds over the fleet, as the nodes' adverts say."""
+    return sum(a.tenants.get(tenant, 0) for a in fabric.fleet.adverts.values()) // 2**30
+
+
+async def test_grants_stop_at_the_quota(agents: Any, fabrics: Any) -> None:
+    # Given two nodes of 4 one-GiB slices each, and alice's quota of 6 GiB
+    await agents("q1", waiting_ttl_s=2.0)
+    await agents("q2", waiting_ttl_s=2.0)
+    alice = await fabrics("alice")
+    await eventually(lambda: len(alice.fleet.adverts) == 2)
+    # When alice asks for all 8 slices, both nodes at once, then again
+    pool = LeasePool(alice.conn, alice.broker, alice.settings, alice.fleet, "quota-job")
+    first = await pool.acquire(8)
+    await eventually(lambda: held_slices(alice, "alice") == first)
+    again = await pool.acquire(8)
+    # Then grants stop at the quota, plus at most what the other node granted in flight
+    # (the bound docs/operations.md states: one node's grant of the same round)
+    assert 6 <= first <= 6 + 4
+    assert again == 0 and pool.denials >= 1
+    await pool.release()
+
+
+async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
+    agents: Any, fabrics: Any, tmp_path: Path
+) -> None:
+    # Given two nodes of 4 slices each, and alice's long job holding all 8
+    for node in ("f1", "f2"):
+        await agents(node, waiting_ttl_s=2.0)
+    alice = await fabrics("alice")
+    bob = await fabrics("bob")
+    await eventually(lambda: len(alice.fleet.adverts) == 2 and len(bob.fleet.adverts) == 2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a_job = sleepy_job(60, 0.3, tmp_path / "a")
+    a_run = asyncio.create_task(alice.run(a_job, Gather(), slices=8, timeout_s=60))
+    await eventually(lambda: held_slices(alice, "alice") == 8, timeout_s=15)
+    # When bob (equal weight) arrives with a job of his own
+    b_job = sleepy_job(30, 0.3, tmp_path / "b")
+    b_run = asyncio.create_task(bob.run(b_job, Gather(), slices=8, timeout_s=60))
+    # Then within two lease TTLs each holds about half (within a slice per node)
+    ttl_s = alice.settings.lease_ttl_s
+
+    def halved() -> bool:
+        a, b = held_slices(bob, "alice"), held_slices(bob, "bob")
+        return b >= 3 and abs(a - b) <= 2
+
+    await eventually(halved, timeout_s=2 * ttl_s)
+    # And both jobs complete, every chunk run exactly once (nothing lost, nothing doubled)
+    a_result, b_result = await a_run, await b_run
+    assert a_result.ok and [x.tolist() for x in a_result.value] == [[float(i)] for i in range(60)]
+    assert b_result.ok and b_result.n_ok == 30
+    assert executions(str(tmp_path / "a")) == {i: 1 for i in range(60)}
+    assert executions(str(tmp_path / "b")) == {i: 1 for i in range(30)}
