@@ -111,7 +111,10 @@ class GuardedClient(Client):
         with self._watch(subject) as denied:
             sub = await super().subscribe(subject, *args, **kwargs)
             try:
-                # The server answers the SUB before the PING that follows it.
+                # nats-py writes a PING straight to the socket, ahead of commands still
+                # buffered: write the SUB out first, so the server's verdict on it comes
+                # before the PONG.
+                await self._flush_pending(force_flush=True)
                 await self.flush(self._flush_timeout_s)  # type: ignore[arg-type]
             except nats.errors.Error as exc:
                 log.debug("subscribe flush failed subject=%s error=%s", subject, exc)
@@ -180,15 +183,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         "disconnected_cb": on_disconnect,
         "reconnected_cb": on_reconnect,
     }
-    if settings.user:
-        # Each user reads replies only under its own prefix (the server enforces it).
-        options.update(
-            user=settings.user,
-            password=settings.password,
-            inbox_prefix=Subjects.inbox_prefix(settings.user),
-        )
-    if settings.creds_file:
-        options["user_credentials"] = settings.creds_file
+    options.update(_credentials(settings))
     authenticated = bool(settings.user or settings.creds_file)
     nc = GuardedClient(guard=authenticated, flush_timeout_s=settings.request_timeout_s)
     try:
@@ -214,3 +209,18 @@ def _refused(exc: BaseException, nc: Client) -> bool:
         for e in seen
         if e is not None
     )
+
+
+def _credentials(settings: BrokerSettings) -> dict[str, Any]:
+    """Connect options that say who we are, and the inbox prefix that goes with it."""
+    options: dict[str, Any] = {}
+    if settings.user:
+        # Each user reads replies only under its own prefix (the server enforces it).
+        options.update(
+            user=settings.user,
+            password=settings.password,
+            inbox_prefix=Subjects.inbox_prefix(settings.user),
+        )
+    if settings.creds_file:
+        options["user_credentials"] = settings.creds_file
+    return options

@@ -6,11 +6,16 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from vramfabric.broker import topology
+import attrs
+
+from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import connect
@@ -35,7 +40,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with progress_bar(not args.json, args.configs) as progress:
         summary = demo(
-            args.workers, args.simulate, args.slice, args.configs, progress, args.verbose > 1
+            args.workers,
+            args.simulate,
+            args.slice,
+            args.configs,
+            progress,
+            args.verbose > 1,
+            with_auth=args.auth,
         )
     if args.json:
         print(json.dumps(summary))
@@ -58,6 +69,12 @@ def cmd_server(args: argparse.Namespace) -> int:
         server = LocalCluster(size=args.cluster, base_dir=args.store).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
+    elif args.tenants:
+        server = _auth_server(args)
+        hint = (
+            f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
+            "VRAMFABRIC_NATS_PASSWORD=<its password>"
+        )
     else:
         server = NatsServer(port=args.port, store_dir=args.store).start()
         hint = f"export VRAMFABRIC_NATS_URL={server.url}"
@@ -67,6 +84,31 @@ def cmd_server(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return RET_OK
+
+
+def _auth_server(args: argparse.Namespace) -> NatsServer:
+    """A server with the config generated from the tenants file, provisioned as the operator.
+
+    The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
+    holds it in plain text (a bcrypt hash cannot log in).
+    """
+    file = tenants.load(args.tenants)
+    broker = BrokerSettings.from_env()
+    password = os.environ.get("VRAMFABRIC_NATS_PASSWORD") or file.operator.password
+    if not password or password.startswith("$2"):
+        raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
+    folder = tempfile.mkdtemp(prefix="vramfabric-auth-")
+    config = auth.write_config(file, broker.subjects, Path(folder) / "server.json", port=args.port)
+    server = NatsServer(config_file=str(config), store_dir=args.store).start()
+    try:
+        operator = auth.settings_for(
+            attrs.evolve(broker, url=server.url), tenants.OPERATOR_USER, password
+        )
+        asyncio.run(auth.provision_tenants(operator, file))
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -114,10 +156,12 @@ async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobRes
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print every live node's GPUs, free and leased VRAM, and tenants' usage."""
+    """Print every live node's GPUs, free and leased VRAM, and per tenant usage, quota, share."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
+    policy = tenants.load(args.tenants).policy if args.tenants else tenants.TenantPolicy()
+    rows = tenant_rows(adverts, policy)
     if args.json:
-        print(json.dumps([advert_dict(a) for a in adverts]))
+        print(json.dumps({"nodes": [advert_dict(a) for a in adverts], "tenants": rows}))
         return RET_OK
     if not adverts:
         print("no live nodes")
@@ -128,7 +172,38 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{a.node}: {len(a.gpus)} GPU(s), {free / GIB:.1f} GiB free, "
             f"{leased / GIB:.1f} GiB leased, tenants {dict(a.tenants) or '-'}"
         )
+    for r in rows:
+        quota = "-" if r["quota_bytes"] is None else f"{r['quota_bytes'] / GIB:.1f} GiB"
+        print(
+            f"tenant {r['tenant']}: {r['usage_bytes'] / GIB:.1f} GiB used, quota {quota}, "
+            f"share {r['share_bytes'] / GIB:.1f} GiB (weight {r['weight']:g})"
+            + (", waiting" if r["waiting"] else "")
+        )
     return RET_OK
+
+
+def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list[dict[str, Any]]:
+    """Per tenant: fleet-wide usage, quota, weight, fair share and whether it waits."""
+    usage: dict[str, int] = {}
+    for a in adverts:
+        for tenant, n_bytes in a.tenants.items():
+            usage[tenant] = usage.get(tenant, 0) + n_bytes
+    waiting = {t for a in adverts for t in a.waiting}
+    active = {t for t, n in usage.items() if n > 0} | waiting
+    names = sorted(active | set(policy.tenants))
+    capacity = sum(g.total_bytes for a in adverts for g in a.gpus if g.healthy)
+    total_weight = sum(policy.weight(t) for t in active) or 1.0
+    return [
+        {
+            "tenant": t,
+            "usage_bytes": usage.get(t, 0),
+            "quota_bytes": policy.quota_bytes(t),
+            "weight": policy.weight(t),
+            "share_bytes": int(capacity * policy.weight(t) / total_weight) if t in active else 0,
+            "waiting": t in waiting,
+        }
+        for t in names
+    ]
 
 
 async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
@@ -167,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="512MiB", help="slice per configuration (default 512MiB)")
     p.add_argument("--configs", type=int, default=1000, choices=range(1, 1001), metavar="1..1000")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.add_argument("--auth", action="store_true", help="run with auth on: a generated tenants file")
     p.set_defaults(handler=cmd_demo)
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
@@ -177,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         choices=(1, 3, 5),
         help="run a local cluster of this many routed servers (free ports)",
+    )
+    p.add_argument(
+        "--tenants",
+        help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
     )
     p.set_defaults(handler=cmd_server)
     from vramfabric.worker.__main__ import add_arguments
@@ -195,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.set_defaults(handler=cmd_run)
-    p = sub.add_parser("status", help="show live nodes and their VRAM")
+    p = sub.add_parser("status", help="show live nodes, their VRAM, and usage per tenant")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tenants", help="tenants file, for quotas and weights")
     p.set_defaults(handler=cmd_status)
     return parser
 

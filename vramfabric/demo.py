@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,10 @@ from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
-from .local import LocalFleet
+from .local import LocalFleet, demo_tenants_file
+
+# The demo's tenant (the default tenant when auth is off).
+TENANT = "demo"
 
 
 def reference_argmin(configs: list[tuple[float, int, float]]) -> tuple[int, float]:
@@ -44,9 +49,9 @@ async def run_search(
     fleet: LocalFleet, n_configs: int, slice_bytes: int, progress: Progress | None
 ) -> tuple[JobResult, int]:
     """Run the search on a started fleet; return the result and the VRAM left leased after."""
-    settings = CoordinatorSettings(slice_bytes=slice_bytes, max_slices=n_configs)
+    settings = CoordinatorSettings(slice_bytes=slice_bytes, max_slices=n_configs, tenant=TENANT)
     configs = search_space(n_configs)
-    async with await Fabric.connect(fleet.broker, settings) as fabric:
+    async with await Fabric.connect(fleet.broker_for(TENANT), settings) as fabric:
         job = Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs])
         result = await fabric.run(job, ArgMin(), slices=n_configs, progress=progress)
         return result, await leased_bytes_settle(fabric)
@@ -59,10 +64,29 @@ def demo(
     n_configs: int,
     progress: Progress | None,
     verbose: bool = False,
+    with_auth: bool = False,
 ) -> dict[str, Any]:
-    """Start an embedded fabric, run the search, stop everything; return the summary."""
+    """Start an embedded fabric, run the search, stop everything; return the summary.
+
+    `with_auth` runs the server with a generated tenants file (fresh passwords): the
+    search then runs as tenant `demo` through the permissions of a real deployment.
+    """
     t0 = time.perf_counter()
-    fleet = LocalFleet(workers=workers, simulate=simulate, slice_size=slice_size, verbose=verbose)
+    with tempfile.TemporaryDirectory(prefix="vramfabric-demo-") as folder:
+        tenants_file = str(demo_tenants_file(Path(folder) / "tenants.toml")) if with_auth else None
+        fleet = LocalFleet(
+            workers=workers,
+            simulate=simulate,
+            slice_size=slice_size,
+            verbose=verbose,
+            tenants_file=tenants_file,
+        )
+        return _demo(fleet, n_configs, slice_size, progress, t0)
+
+
+def _demo(
+    fleet: LocalFleet, n_configs: int, slice_size: str, progress: Progress | None, t0: float
+) -> dict[str, Any]:
     fleet.start()
     try:
         started_s = time.perf_counter() - t0
@@ -96,5 +120,6 @@ def demo(
         "startup_s": round(started_s, 3),
         "leased_bytes_after": leased_after,
         "worker_exit_codes": exit_codes,
+        "auth": fleet.tenants_file is not None,
     }
     return summary

@@ -11,9 +11,9 @@ from nats.aio.msg import Msg
 
 from vramfabric.broker import Subjects, encode
 from vramfabric.broker.messages import LeaseRequest
-from vramfabric.worker.gpus import GpuSpec
 from vramfabric.broker.tenants import TenantPolicy
 from vramfabric.worker.fairness import FleetShare
+from vramfabric.worker.gpus import GpuSpec
 from vramfabric.worker.lease_service import LeaseService
 from vramfabric.worker.ledger import SliceLedger
 from vramfabric.worker.metrics import WorkerMetrics
