@@ -128,7 +128,7 @@ def test_cli_run_and_status_against_a_running_fabric(
             [*CLI, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
         )
         assert status.returncode == 0, status.stderr
-        nodes = json.loads(status.stdout)
+        nodes = json.loads(status.stdout)["nodes"]
         assert [n["node"] for n in nodes] == ["cli-node"]
         assert sum(g["free_bytes"] for g in nodes[0]["gpus"]) == 16 * 2**30
         # And runs a JOB.toml
