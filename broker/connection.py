@@ -1,20 +1,128 @@
-"""connect(settings) -> Connection: one NATS client and its JetStream context, with logging."""
+"""connect(settings) -> Connection: one NATS client and its JetStream context, with logging.
+
+The server reports a permission violation only asynchronously (nats-py hands it to the
+error callback, and the call that caused it would just time out). `GuardedClient` ties
+each violation back to the request or subscribe on that subject, which then raises
+PermissionDenied at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
+import nats.errors
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from .errors import Disconnected, from_nats
+from .errors import Disconnected, PermissionDenied, from_nats
 from .settings import BrokerSettings
+from .subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+# nats-py lower-cases the server's message, subject included.
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
+
+
+class GuardedClient(Client):
+    """A nats-py Client whose requests and subscribes raise PermissionDenied promptly.
+
+    Each request and subscribe registers its subject while it waits; a violation the
+    server reports for that subject fails the call. A subscribe waits one round trip (a
+    flush) for the server's verdict when `guard` is on (an authenticated connection).
+    """
+
+    def __init__(self, guard: bool, flush_timeout_s: float) -> None:
+        super().__init__()
+        self.guard = guard
+        self._flush_timeout_s = flush_timeout_s
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+
+    def violation(self, message: str) -> bool:
+        """Fail the calls waiting on the subject a violation names; True if any was."""
+        match = _VIOLATION.search(message)
+        if match is None:
+            return False
+        op, subject = match.groups()
+        failed = False
+        for waiter in self._waiting.pop(subject, ()):
+            if not waiter.done():
+                waiter.set_exception(
+                    PermissionDenied(f"the server refused {op} to {subject!r} for this user")
+                )
+                failed = True
+        return failed
+
+    @contextlib.contextmanager
+    def _watch(self, subject: str) -> Iterator[asyncio.Future[None]]:
+        key = subject.lower()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, set()).add(waiter)
+        try:
+            yield waiter
+        finally:
+            waiters = self._waiting.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiting[key]
+            if waiter.done() and not waiter.cancelled():
+                waiter.exception()  # retrieved: no "never retrieved" warning
+            waiter.cancel()
+
+    async def request(  # type: ignore[override]
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Any:
+        """Client.request, failing with PermissionDenied as soon as the server refuses it."""
+        if not self.guard:
+            return await super().request(subject, payload, timeout, old_style, headers)
+        with self._watch(subject) as denied:
+            call = asyncio.ensure_future(
+                super().request(subject, payload, timeout, old_style, headers)
+            )
+            try:
+                await asyncio.wait((call, denied), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            if call.done():
+                return call.result()
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+            raise denied.exception()  # type: ignore[misc]
+
+    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Subscription:  # type: ignore[override]
+        """Client.subscribe; on a guarded connection, PermissionDenied if the server refuses."""
+        if not self.guard:
+            return await super().subscribe(subject, *args, **kwargs)
+        with self._watch(subject) as denied:
+            sub = await super().subscribe(subject, *args, **kwargs)
+            try:
+                # nats-py writes a PING straight to the socket, ahead of commands still
+                # buffered: write the SUB out first, so the server's verdict on it comes
+                # before the PONG.
+                await self._flush_pending(force_flush=True)
+                await self.flush(self._flush_timeout_s)  # type: ignore[arg-type]
+            except nats.errors.Error as exc:
+                log.debug("subscribe flush failed subject=%s error=%s", subject, exc)
+            if denied.done():
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+                raise denied.exception()  # type: ignore[misc]
+        return sub
 
 
 @attrs.define
@@ -43,8 +151,12 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
-        # Permission violations arrive only here, never from the call that caused them.
+        # Permission violations arrive only here; the guard hands them to the waiting call.
         msg = f"{type(exc).__name__}: {exc}"
+        if nc.violation(str(exc)):
+            # Raised from the call that caused it, which decides how bad it is.
+            log.debug("permission violation name=%s error=%s", name, msg)
+            return
         if len(errors) < 1000:
             errors.append(msg)
         log.warning("nats error name=%s error=%s", name, msg)
@@ -71,16 +183,44 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         "disconnected_cb": on_disconnect,
         "reconnected_cb": on_reconnect,
     }
-    if settings.user:
-        options.update(user=settings.user, password=settings.password)
-    if settings.creds_file:
-        options["user_credentials"] = settings.creds_file
-    nc = Client()
+    options.update(_credentials(settings))
+    authenticated = bool(settings.user or settings.creds_file)
+    nc = GuardedClient(guard=authenticated, flush_timeout_s=settings.request_timeout_s)
     try:
         # The first connect retries until the deadline, then fails rather than hang forever.
         await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
     except Exception as exc:
         await nc.close()
+        if _refused(exc, nc):
+            raise PermissionDenied(
+                f"NATS at {settings.url} refused the credentials of "
+                f"{settings.user or settings.creds_file or 'an anonymous client'}"
+            ) from exc
         raise Disconnected(f"cannot reach NATS at {settings.url}: {from_nats(exc)}") from exc
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
     return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)
+
+
+def _refused(exc: BaseException, nc: Client) -> bool:
+    """Whether a failed connect was the server refusing who we are, not a lost network."""
+    seen = [exc, exc.__cause__, getattr(nc, "last_error", None)]
+    return any(
+        isinstance(e, nats.errors.AuthorizationError) or "authorization" in str(e).lower()
+        for e in seen
+        if e is not None
+    )
+
+
+def _credentials(settings: BrokerSettings) -> dict[str, Any]:
+    """Connect options that say who we are, and the inbox prefix that goes with it."""
+    options: dict[str, Any] = {}
+    if settings.user:
+        # Each user reads replies only under its own prefix (the server enforces it).
+        options.update(
+            user=settings.user,
+            password=settings.password,
+            inbox_prefix=Subjects.inbox_prefix(settings.user),
+        )
+    if settings.creds_file:
+        options["user_credentials"] = settings.creds_file
+    return options

@@ -74,6 +74,8 @@ class NodeAdvert:
     allow_code: bool = False
     # Leases held per job, keyed `<tenant>.<job>` (as in the jobs bucket).
     jobs: Mapping[str, int] = attrs.field(factory=dict)
+    # Tenants this node lately could not give all they asked for (see docs/protocol.md).
+    waiting: tuple[str, ...] = ()
     v: int = PROTOCOL_VERSION
 
     @property
@@ -140,10 +142,15 @@ class RenewRequest:
 
 @attrs.frozen
 class RenewReply:
-    """New expiry per renewed lease; `unknown` lists leases the node no longer holds."""
+    """New expiry per renewed lease; `unknown` lists leases the node no longer holds.
+
+    `revoked` lists leases the node ended instead of renewing them (fair share): they are
+    gone like the unknown ones; a chunk still running on one finishes.
+    """
 
     expires_at: Mapping[str, float]
     unknown: tuple[str, ...] = ()
+    revoked: tuple[str, ...] = ()
     v: int = PROTOCOL_VERSION
 
 

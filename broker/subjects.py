@@ -136,9 +136,9 @@ class Subjects:
         """KV bucket holding job specs under `<tenant>.<job>`."""
         return f"{self.prefix}_jobs"
 
-    def kernels_store(self) -> str:
-        """Object store of kernel blobs by sha256."""
-        return f"{self.prefix}_kernels"
+    def kernels_store(self, tenant: str) -> str:
+        """Object store of one tenant's uploaded code (kernel blobs) by sha256."""
+        return f"{self.prefix}_kernels_{token(tenant, 'tenant')}"
 
     def outputs_store(self, tenant: str) -> str:
         """Object store of one tenant's large chunk outputs (`<job>.<chunk>` objects)."""
@@ -158,6 +158,35 @@ class Subjects:
         """Key of one chunk's last checkpoint in the checkpoints bucket."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
 
+    def job_spec(self, tenant: str, job: str) -> str:
+        """Subject a coordinator publishes a job spec to: a KV put without any KV API call."""
+        return f"{self.kv_subjects(self.jobs_bucket())[:-1]}{self.job_key(tenant, job)}"
+
+    @staticmethod
+    def kv_stream(bucket: str) -> str:
+        """The stream under a KV bucket (nats-py's naming)."""
+        return f"KV_{token(bucket, 'bucket')}"
+
+    @staticmethod
+    def kv_subjects(bucket: str) -> str:
+        """Wildcard over the subjects of a KV bucket's keys."""
+        return f"$KV.{token(bucket, 'bucket')}.>"
+
+    @staticmethod
+    def object_stream(bucket: str) -> str:
+        """The stream under an object store (nats-py's naming)."""
+        return f"OBJ_{token(bucket, 'bucket')}"
+
+    @staticmethod
+    def object_subjects(bucket: str) -> str:
+        """Wildcard over the chunk and meta subjects of an object store."""
+        return f"$O.{token(bucket, 'bucket')}.>"
+
+    @staticmethod
+    def inbox_prefix(user: str) -> str:
+        """The reply-inbox prefix of a user: its replies cannot be read by another user."""
+        return f"_INBOX_{token(user, 'user')}"
+
     def job_key(self, tenant: str, job: str) -> str:
         """Key of a job spec in the jobs bucket."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}"
@@ -166,11 +195,6 @@ class Subjects:
     def job_state_key(tenant: str, job: str) -> str:
         """Key of a job's run record (JobRecord) in the jobs bucket, beside its spec."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}.state"
-
-    @staticmethod
-    def kv_stream(bucket: str) -> str:
-        """The stream behind a KV bucket (for purging keys outright)."""
-        return f"KV_{token(bucket, 'bucket')}"
 
     @staticmethod
     def kv_job_filter(bucket: str, tenant: str, job: str) -> str:

@@ -28,7 +28,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from .errors import Disconnected, from_nats
+from .errors import Disconnected, PermissionDenied, from_nats
 from .messages import JobSpec
 from .settings import BrokerSettings
 
@@ -115,13 +115,28 @@ def dead_stream_config(settings: BrokerSettings, tenant: str) -> StreamConfig:
 
 
 async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> None:
-    """Create the tenant's work, results and dead-letter streams if they are missing."""
+    """Create the tenant's work, results and dead-letter streams if they are missing.
+
+    A tenant's own user may not create streams when auth is on: then they must exist
+    already (`provision`), and this only checks that they do.
+    """
     for config in (
         work_stream_config(settings, tenant),
         results_stream_config(settings, tenant),
         dead_stream_config(settings, tenant),
     ):
         await _ensure_stream(js, config)
+
+
+async def provision(js: JetStreamContext, settings: BrokerSettings, tenants: list[str]) -> None:
+    """Create every shared bucket and every tenant's streams and stores (the operator's job)."""
+    await nodes_bucket(js, settings)
+    await jobs_bucket(js, settings)
+    await checkpoints_bucket(js, settings)
+    for tenant in tenants:
+        await ensure_tenant(js, settings, tenant)
+        await kernels_store(js, settings, tenant)
+        await outputs_store(js, settings, tenant)
 
 
 async def _patient(make: Callable[[], Awaitable[T]]) -> T:
@@ -144,6 +159,12 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
+    except PermissionDenied:
+        # Not ours to create: it must exist already (provisioned by the operator).
+        try:
+            await js.stream_info(config.name)
+        except Exception as exc:
+            raise from_nats(exc) from exc
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
             raise from_nats(exc) from exc
@@ -208,6 +229,9 @@ async def _create_or_share(
     """Create a bucket or store; one made by another process with other settings is shared."""
     try:
         return await create()
+    except PermissionDenied:
+        # This user may only use it (auth on): the operator created it.
+        log.debug("not allowed to create bucket=%s; using the existing one", name)
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
             raise from_nats(exc) from exc
@@ -222,9 +246,10 @@ async def _create_or_share(
 
 
 def _plain_bucket(settings: BrokerSettings, name: str) -> KeyValueConfig:
-    """A bucket keeping the last value of each key, on disk."""
+    """A bucket keeping the last value of each key, on disk, readable by direct get."""
+    # Direct gets name the key in the API subject, so auth can grant a tenant its own keys.
     return KeyValueConfig(
-        bucket=name, history=1, storage=StorageType.FILE, replicas=settings.replicas
+        bucket=name, history=1, storage=StorageType.FILE, replicas=settings.replicas, direct=True
     )
 
 
@@ -233,9 +258,9 @@ async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValu
     return await _bucket(js, _plain_bucket(settings, settings.subjects.jobs_bucket()))
 
 
-async def kernels_store(js: JetStreamContext, settings: BrokerSettings) -> ObjectStore:
-    """The kernel-blob object store (names are sha256 digests)."""
-    return await _object_store(js, settings, settings.subjects.kernels_store())
+async def kernels_store(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> ObjectStore:
+    """One tenant's store of uploaded code (names are sha256 digests)."""
+    return await _object_store(js, settings, settings.subjects.kernels_store(tenant))
 
 
 async def outputs_store(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> ObjectStore:

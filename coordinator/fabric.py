@@ -24,6 +24,7 @@ from vramfabric.broker.errors import (
     CodeRefused,
     JobFailed,
     JobTimeout,
+    PermissionDenied,
     VramfabricError,
     from_nats,
 )
@@ -108,7 +109,9 @@ class Fabric:
     async def start(self) -> None:
         """Create the tenant's streams and buckets and start watching adverts."""
         await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
-        self._kernels = await topology.kernels_store(self.conn.js, self.broker)
+        self._kernels = await topology.kernels_store(
+            self.conn.js, self.broker, self.settings.tenant
+        )
         self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
 
@@ -304,9 +307,14 @@ class Fabric:
             log.info("old jobs removed count=%d jobs=%s", len(removed), ",".join(removed))
 
     async def _publish_spec(self, spec: JobSpec) -> None:
-        kv = await topology.jobs_bucket(self.conn.js, self.broker)
+        # A KV put is a publish to the key's subject: no KV API call, so a tenant needs no
+        # grant that could read or list other tenants' specs in the shared bucket.
+        with contextlib.suppress(PermissionDenied):
+            # With auth on, the operator made the bucket and a tenant may not even look at it.
+            await topology.jobs_bucket(self.conn.js, self.broker)
+        subject = self.broker.subjects.job_spec(spec.tenant, spec.job_id)
         try:
-            await kv.put(self.broker.subjects.job_key(spec.tenant, spec.job_id), encode(spec))
+            await self.conn.js.publish(subject, encode(spec))
         except Exception as exc:
             raise from_nats(exc) from exc
 
@@ -318,7 +326,9 @@ class Fabric:
                 return
             pool.prune(set(self.fleet.adverts))
             want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
-            if want > 0 and self.fleet.free_slices(self.settings.slice_bytes) > 0:
+            if want > 0:
+                # Also when the fleet looks full: the pool then asks one node, which tells
+                # the fleet this tenant waits for its fair share.
                 added = await pool.acquire(want)
                 if added:
                     log.info(

@@ -46,6 +46,9 @@ _RETRY_PAUSE_S = 0.05
 # while its request timeout runs; a wire round trip is small next to serving 10k ids.
 _MAX_IN_FLIGHT = 16
 _MAX_IN_FLIGHT_PER_NODE = 1
+# A pool that finds the fleet full asks one node anyway, at most this often: the denial
+# tells the nodes this tenant is waiting, which is what makes them free its fair share.
+_KNOCK_GAP_S = 0.5
 
 
 @attrs.define
@@ -62,11 +65,15 @@ class LeasePool:
     eligible: Callable[[NodeAdvert], bool] = attrs.field(default=lambda _advert: True)
     leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
     denials: int = attrs.field(default=0, init=False)
+    # Leases the nodes ended at renewal to give another tenant its fair share.
+    revoked: int = attrs.field(default=0, init=False)
     peak: int = attrs.field(default=0, init=False)
     history: list[tuple[float, int]] = attrs.field(factory=list, init=False)
     # What this pool added to the shared gauge: pools of concurrent jobs move it by deltas.
     _counted: int = attrs.field(default=0, init=False)
     _renewer: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _knocks: int = attrs.field(default=0, init=False)
+    _knocked_at: float = attrs.field(default=0.0, init=False)
     # Loops check this as well as being cancelled: a cancellation racing a nats-py request
     # can be swallowed (asyncio.wait_for on Python 3.11), and the loop must still end.
     closing: bool = attrs.field(default=False, init=False)
@@ -85,15 +92,20 @@ class LeasePool:
         """
         got = 0
         exclude: set[str] = set()
+        eligible = sorted(
+            (a for a in self.fleet.adverts.values() if self.eligible(a)), key=lambda a: a.node
+        )
         while got < wanted:
             planned = plan(
-                [a for a in self.fleet.adverts.values() if self.eligible(a)],
+                eligible,
                 self.settings.slice_bytes,
                 wanted - got,
                 self.settings.placement,
                 frozenset(exclude),
             )
             if not planned:
+                if not exclude and eligible:
+                    got += await self._knock(eligible, wanted)
                 break
             # Cap here, not in _request, so the grant is compared with what was really asked.
             asks = [(node, min(n, self.settings.max_lease_batch)) for node, n in planned]
@@ -105,6 +117,16 @@ class LeasePool:
         if got:
             self._note()
         return got
+
+    async def _knock(self, eligible: list[NodeAdvert], wanted: int) -> int:
+        """Ask one node (in turn) though the fleet looks full, so the fleet learns we wait."""
+        now = time.monotonic()
+        if now - self._knocked_at < _KNOCK_GAP_S:
+            return 0
+        self._knocked_at = now
+        node = eligible[self._knocks % len(eligible)].node
+        self._knocks += 1
+        return len(await self._request(node, min(wanted, self.settings.max_lease_batch)))
 
     async def _request(self, node: str, count: int) -> list[Lease]:
         req = LeaseRequest(
@@ -199,6 +221,11 @@ class LeasePool:
                         )
                 for lease_id in reply.unknown:
                     self.leases.pop(lease_id, None)
+                for lease_id in reply.revoked:
+                    self.leases.pop(lease_id, None)
+                if reply.revoked:
+                    self.revoked += len(reply.revoked)
+                    log.info("leases revoked job=%s count=%d", self.job, len(reply.revoked))
         self._note()
 
     async def release(self) -> int:

@@ -91,8 +91,7 @@ async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: st
         JobNotFound: the tenant has no job of this id.
     """
     spec = await read_spec(conn, broker, tenant, job)
-    kv = await topology.jobs_bucket(conn.js, broker)
-    rec = await read_record(kv, broker, tenant, job)
+    rec = await read_record(conn.js, broker, tenant, job)
     n_ok, failures = await _scan(conn, broker, spec)
     n_failed = sum(failures.values())
     state = rec.state if rec else "submitted"
@@ -174,8 +173,7 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
         JobNotFound: the tenant has no job of this id.
     """
     spec = await read_spec(conn, broker, tenant, job)
-    kv = await topology.jobs_bucket(conn.js, broker)
-    rec = await read_record(kv, broker, tenant, job)
+    rec = await read_record(conn.js, broker, tenant, job)
     if rec is not None and rec.state in FINAL_STATES:
         return False
     cancelled = JobRecord(
@@ -185,7 +183,7 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
         started_at=rec.started_at if rec else 0.0,
         finished_at=time.time(),
     )
-    await write_record(kv, broker, tenant, cancelled)
+    await write_record(conn.js, broker, tenant, cancelled)
     await _stop_work(conn, broker, tenant, job)
     log.info("job cancelled job=%s tenant=%s", job, tenant)
     return True

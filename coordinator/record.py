@@ -17,9 +17,8 @@ from typing import Any
 
 import attrs
 import nats.js.errors
-from nats.js.kv import KeyValue
+from nats.js import JetStreamContext
 
-from vramfabric.broker import topology
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, JobCancelled, VramfabricError, from_nats
@@ -35,28 +34,39 @@ MAX_VALUE_CHARS = 16_384
 
 
 async def read_record(
-    kv: KeyValue, broker: BrokerSettings, tenant: str, job: str
+    js: JetStreamContext, broker: BrokerSettings, tenant: str, job: str
 ) -> JobRecord | None:
-    """A job's run record, or None if it has none (or an unreadable one)."""
+    """A job's run record, or None if it has none (or an unreadable one).
+
+    Read with a direct get whose API subject names the key, and written with a plain publish
+    to the key's subject: both are granted per tenant when auth is on (broker/auth.py), where
+    the KV API on the shared jobs bucket is not.
+    """
+    s = broker.subjects
+    subject = s.kv_subject(s.jobs_bucket(), s.job_state_key(tenant, job))
     try:
-        entry = await kv.get(broker.subjects.job_state_key(tenant, job))
-    except nats.js.errors.NotFoundError:  # KeyDeletedError too: purged by `rm`
+        raw = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
+    except nats.js.errors.NotFoundError:  # no record, or purged by `rm`
         return None
     except Exception as exc:
         raise from_nats(exc) from exc
-    if not entry.value:
+    if not raw.data:
         return None
     try:
-        return decode(JobRecord, entry.value)
+        return decode(JobRecord, raw.data)
     except InvalidMessage as exc:
         log.warning("bad job record ignored job=%s error=%s", job, exc)
         return None
 
 
-async def write_record(kv: KeyValue, broker: BrokerSettings, tenant: str, rec: JobRecord) -> None:
-    """Store a job's run record."""
+async def write_record(
+    js: JetStreamContext, broker: BrokerSettings, tenant: str, rec: JobRecord
+) -> None:
+    """Store a job's run record (a KV put done as a plain JetStream publish)."""
+    s = broker.subjects
+    subject = s.kv_subject(s.jobs_bucket(), s.job_state_key(tenant, rec.job))
     try:
-        await kv.put(broker.subjects.job_state_key(tenant, rec.job), encode(rec))
+        await js.publish(subject, encode(rec))
     except Exception as exc:
         raise from_nats(exc) from exc
 
@@ -84,28 +94,29 @@ class RunRecord:
     broker: BrokerSettings
     spec: JobSpec
     cancelled: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _kv: KeyValue | None = attrs.field(default=None, init=False)
+    _started: bool = attrs.field(default=False, init=False)
     _started_at: float = attrs.field(factory=time.time, init=False)
     _poller: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
     async def start(self) -> None:
         """Record the job as running and start polling for a cancellation."""
-        self._kv = await topology.jobs_bucket(self.conn.js, self.broker)
+        # The jobs bucket exists: Fabric.run stored the spec in it first.
         rec = JobRecord(
             job=self.spec.job_id,
             kernel=self.spec.kernel,
             state="running",
             started_at=self._started_at,
         )
-        await write_record(self._kv, self.broker, self.spec.tenant, rec)
+        await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
+        self._started = True
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     async def _poll(self) -> None:
-        assert self._kv is not None
         while not self.cancelled.is_set():
             await asyncio.sleep(_POLL_S)  # the poll period itself
             try:
-                rec = await read_record(self._kv, self.broker, self.spec.tenant, self.spec.job_id)
+                spec = self.spec
+                rec = await read_record(self.conn.js, self.broker, spec.tenant, spec.job_id)
             except VramfabricError as exc:  # a lost server: look again next period
                 log.debug("job record unreadable job=%s error=%s", self.spec.job_id, exc)
                 continue
@@ -135,10 +146,10 @@ class RunRecord:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self._kv is None:
+        if not self._started:
             return
         try:
-            now = await read_record(self._kv, self.broker, self.spec.tenant, self.spec.job_id)
+            now = await read_record(self.conn.js, self.broker, self.spec.tenant, self.spec.job_id)
             if now is None or now.state == "cancelled":
                 return
             rec = attrs.evolve(
@@ -149,6 +160,6 @@ class RunRecord:
                 n_failed=n_failed,
                 value=value_json(value) if state in ("done", "failed") else None,
             )
-            await write_record(self._kv, self.broker, self.spec.tenant, rec)
+            await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
         except VramfabricError as exc:
             log.warning("job record not written job=%s error=%s", self.spec.job_id, exc)

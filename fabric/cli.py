@@ -6,13 +6,18 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
-from vramfabric.broker import topology
+import attrs
+
+from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
@@ -73,6 +78,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             args.verbose > 1,
             metrics,
             workers_port,
+            with_auth=args.auth,
         )
     if args.plot:
         _plot(summary["series"], args.plot)
@@ -97,6 +103,12 @@ def cmd_server(args: argparse.Namespace) -> int:
         server = LocalCluster(size=args.cluster, base_dir=args.store).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
+    elif args.tenants:
+        server = _auth_server(args)
+        hint = (
+            f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
+            "VRAMFABRIC_NATS_PASSWORD=<its password>"
+        )
     else:
         server = NatsServer(port=args.port, store_dir=args.store).start()
         hint = f"export VRAMFABRIC_NATS_URL={server.url}"
@@ -140,6 +152,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         discovery.remove(path, pid)
         fleet.stop()
     return RET_OK
+
+
+def _auth_server(args: argparse.Namespace) -> NatsServer:
+    """A server with the config generated from the tenants file, provisioned as the operator.
+
+    The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
+    holds it in plain text (a bcrypt hash cannot log in).
+    """
+    file = tenants.load(args.tenants)
+    broker = BrokerSettings.from_env()
+    password = os.environ.get("VRAMFABRIC_NATS_PASSWORD") or file.operator.password
+    if not password or password.startswith("$2"):
+        raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
+    folder = tempfile.mkdtemp(prefix="vramfabric-auth-")
+    config = auth.write_config(file, broker.subjects, Path(folder) / "server.json", port=args.port)
+    server = NatsServer(config_file=str(config), store_dir=args.store).start()
+    try:
+        operator = auth.settings_for(
+            attrs.evolve(broker, url=server.url), tenants.OPERATOR_USER, password
+        )
+        asyncio.run(auth.provision_tenants(operator, file))
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -204,6 +241,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
     status = status_dict(adverts, CoordinatorSettings.from_env().slice_bytes)
+    policy = tenants.load(args.tenants).policy if args.tenants else tenants.TenantPolicy()
+    status["tenants"] = tenant_rows(adverts, policy)
     if args.json:
         print(json.dumps(status))
     else:
@@ -263,6 +302,30 @@ def _lifecycle(call: Callable[[Connection, BrokerSettings, str], Awaitable[T]]) 
     return asyncio.run(go())
 
 
+def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list[dict[str, Any]]:
+    """Per tenant: fleet-wide usage, quota, weight, fair share and whether it waits."""
+    usage: dict[str, int] = {}
+    for a in adverts:
+        for tenant, n_bytes in a.tenants.items():
+            usage[tenant] = usage.get(tenant, 0) + n_bytes
+    waiting = {t for a in adverts for t in a.waiting}
+    active = {t for t, n in usage.items() if n > 0} | waiting
+    names = sorted(active | set(policy.tenants))
+    capacity = sum(g.total_bytes for a in adverts for g in a.gpus if g.healthy)
+    total_weight = sum(policy.weight(t) for t in active) or 1.0
+    return [
+        {
+            "tenant": t,
+            "usage_bytes": usage.get(t, 0),
+            "quota_bytes": policy.quota_bytes(t),
+            "weight": policy.weight(t),
+            "share_bytes": int(capacity * policy.weight(t) / total_weight) if t in active else 0,
+            "waiting": t in waiting,
+        }
+        for t in names
+    ]
+
+
 async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
     conn = await connect(broker, name="status")
     try:
@@ -313,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     add_metrics_port(p, "the coordinator's; its workers use the ports after it")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
+    p.add_argument("--auth", action="store_true", help="run with auth on: a generated tenants file")
     p.set_defaults(handler=cmd_demo)
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
@@ -323,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         choices=(1, 3, 5),
         help="run a local cluster of this many routed servers (free ports)",
+    )
+    p.add_argument(
+        "--tenants",
+        help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
     )
     p.set_defaults(handler=cmd_server)
     p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
@@ -349,8 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_port(p, "the coordinator's")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
     p.set_defaults(handler=cmd_run)
-    p = sub.add_parser("status", help="show live nodes, slices free and leased, leases by job")
+    p = sub.add_parser("status", help="show live nodes, slices free and leased, usage per tenant")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tenants", help="tenants file, for quotas and weights")
     p.set_defaults(handler=cmd_status)
     _add_job_commands(sub)
     return parser

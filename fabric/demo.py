@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,10 @@ from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
-from .local import LocalFleet
+from .local import LocalFleet, demo_tenants_file
+
+# The demo's tenant (the default tenant when auth is off).
+TENANT = "demo"
 
 
 def reference_argmin(configs: list[tuple[float, int, float]]) -> tuple[int, float]:
@@ -49,9 +54,9 @@ async def run_search(
     metrics: CoordinatorMetrics | None = None,
 ) -> tuple[JobResult, int]:
     """Run the search on a started fleet; return the result and the VRAM left leased after."""
-    settings = CoordinatorSettings(slice_bytes=slice_bytes, max_slices=n_configs)
+    settings = CoordinatorSettings(slice_bytes=slice_bytes, max_slices=n_configs, tenant=TENANT)
     configs = search_space(n_configs)
-    async with await Fabric.connect(fleet.broker, settings, metrics) as fabric:
+    async with await Fabric.connect(fleet.broker_for(TENANT), settings, metrics) as fabric:
         job = Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs])
         result = await fabric.run(job, ArgMin(), slices=n_configs, progress=progress)
         return result, await leased_bytes_settle(fabric)
@@ -66,20 +71,37 @@ def demo(
     verbose: bool = False,
     metrics: CoordinatorMetrics | None = None,
     workers_metrics_port: int | None = None,
+    with_auth: bool = False,
 ) -> dict[str, Any]:
     """Start an embedded fabric, run the search, stop everything; return the summary.
 
     `metrics` is the coordinator's registry; workers serve theirs on `workers_metrics_port`
-    plus their index (each on a free port if 0) when it is set.
+    plus their index (each on a free port if 0) when it is set. `with_auth` runs the server
+    with a generated tenants file (fresh passwords): the search then runs as tenant `demo`
+    through the permissions of a real deployment.
     """
     t0 = time.perf_counter()
-    fleet = LocalFleet(
-        workers=workers,
-        simulate=simulate,
-        slice_size=slice_size,
-        verbose=verbose,
-        metrics_port=workers_metrics_port,
-    )
+    with tempfile.TemporaryDirectory(prefix="vramfabric-demo-") as folder:
+        tenants_file = str(demo_tenants_file(Path(folder) / "tenants.toml")) if with_auth else None
+        fleet = LocalFleet(
+            workers=workers,
+            simulate=simulate,
+            slice_size=slice_size,
+            verbose=verbose,
+            metrics_port=workers_metrics_port,
+            tenants_file=tenants_file,
+        )
+        return _demo(fleet, n_configs, slice_size, progress, t0, metrics)
+
+
+def _demo(
+    fleet: LocalFleet,
+    n_configs: int,
+    slice_size: str,
+    progress: Progress | None,
+    t0: float,
+    metrics: CoordinatorMetrics | None,
+) -> dict[str, Any]:
     fleet.start()
     try:
         started_s = time.perf_counter() - t0
@@ -115,5 +137,6 @@ def demo(
         "worker_exit_codes": exit_codes,
         # (seconds, leases active, chunks done) through the run: what `--plot` draws.
         "series": [list(p) for p in result.series],
+        "auth": fleet.tenants_file is not None,
     }
     return summary

@@ -6,15 +6,20 @@ PR_SET_PDEATHSIG, so killing the parent, even with -9, leaves no process behind.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import attrs
 
+from vramfabric.broker import auth, tenants
 from vramfabric.broker.errors import ServerError
 from vramfabric.broker.server import NatsServer, die_with_parent
 from vramfabric.broker.settings import BrokerSettings
@@ -38,23 +43,37 @@ class LocalFleet:
     port: int = -1  # of the embedded server; -1 picks a free one
     # Workers serve metrics when set: on this port plus their index, or each on a free port if 0.
     metrics_port: int | None = None
+    # A tenants file with plain passwords: the embedded server then runs with auth on.
+    tenants_file: str | None = None
     server: NatsServer | None = attrs.field(default=None, init=False)
     procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list, init=False)
     # The `/metrics` URL of every ready worker that serves one.
     metrics_urls: list[str] = attrs.field(factory=list, init=False)
+    _tenants: tenants.TenantsFile | None = attrs.field(default=None, init=False)
+    _config_dir: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
 
     @property
     def broker(self) -> BrokerSettings:
-        """Settings for clients of this fleet."""
+        """Settings for clients of this fleet (the operator's, when auth is on)."""
         url = self.url or (self.server.url if self.server else "")
-        return BrokerSettings(
+        base = BrokerSettings(
             url=url, prefix=self.prefix, node_ttl_s=self.node_ttl_s, replicas=self.replicas
         )
+        if self._tenants is None:
+            return base
+        return auth.settings_for(base, tenants.OPERATOR_USER, self._tenants.operator.password)
+
+    def broker_for(self, tenant: str) -> BrokerSettings:
+        """Settings of one tenant's clients (the plain settings when auth is off)."""
+        if self._tenants is None:
+            return self.broker
+        password = self._tenants.tenant(tenant).credential.password
+        return auth.settings_for(self.broker, tenant, password)
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
         if self.url is None:
-            self.server = NatsServer(port=self.port).start()
+            self.server = self._start_server()
         try:
             for i in range(self.workers):
                 self.procs.append(self.spawn_worker(f"local-{i}"))
@@ -65,6 +84,21 @@ class LocalFleet:
             raise
         return self
 
+    def _start_server(self) -> NatsServer:
+        """An embedded server; with a tenants file, started with its config and provisioned."""
+        if self.tenants_file is None:
+            return NatsServer(port=self.port).start()
+        self._tenants = tenants.load(self.tenants_file)
+        self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
+        config = Path(self._config_dir.name) / "server.json"
+        auth.write_config(
+            self._tenants, BrokerSettings(prefix=self.prefix).subjects, config, port=self.port
+        )
+        server = NatsServer(config_file=str(config)).start()
+        self.server = server
+        asyncio.run(auth.provision_tenants(self.broker, self._tenants))
+        return server
+
     def spawn_worker(self, node: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         """Start one worker subprocess with simulated GPUs (not waited for)."""
         env = dict(
@@ -74,6 +108,13 @@ class LocalFleet:
             VRAMFABRIC_NODE_TTL_S=str(self.node_ttl_s),
             VRAMFABRIC_REPLICAS=str(self.replicas),
         )
+        if self._tenants is not None and self.tenants_file is not None:
+            # Credentials travel in the environment, never on a command line.
+            env.update(
+                VRAMFABRIC_NATS_USER=tenants.WORKERS_USER,
+                VRAMFABRIC_NATS_PASSWORD=self._tenants.workers.password or "",
+                VRAMFABRIC_TENANTS=self.tenants_file,
+            )
         cmd = [
             sys.executable,
             "-m",
@@ -145,6 +186,9 @@ class LocalFleet:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self._config_dir is not None:
+            self._config_dir.cleanup()
+            self._config_dir = None
         return codes
 
     def __enter__(self) -> LocalFleet:
@@ -152,3 +196,14 @@ class LocalFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def demo_tenants_file(path: str | Path, names: tuple[str, ...] = ("demo",)) -> Path:
+    """Write a tenants file with fresh random passwords (weight 1, no quota, no code)."""
+    out = Path(path)
+    lines = [f'[operator]\npassword = "{secrets.token_hex(16)}"']
+    lines.append(f'[workers]\npassword = "{secrets.token_hex(16)}"')
+    lines += [f'[tenants.{n}]\npassword = "{secrets.token_hex(16)}"' for n in names]
+    out.touch(mode=0o600)
+    out.write_text("\n".join(lines) + "\n")
+    return out

@@ -207,3 +207,10 @@ def print_status(s: dict[str, Any]) -> None:
         print(f"  leases of {key}: {n}")
     if s["unhealthy_gpus"]:
         print(f"  unhealthy GPUs: {', '.join(s['unhealthy_gpus'])}")
+    for r in s.get("tenants", ()):
+        quota = "-" if r["quota_bytes"] is None else f"{r['quota_bytes'] / 2**30:.1f} GiB"
+        print(
+            f"  tenant {r['tenant']}: {r['usage_bytes'] / 2**30:.1f} GiB used, quota {quota}, "
+            f"share {r['share_bytes'] / 2**30:.1f} GiB (weight {r['weight']:g})"
+            + (", waiting" if r["waiting"] else "")
+        )

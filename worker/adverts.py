@@ -40,6 +40,8 @@ class Heartbeat:
     on_beat: Callable[[list[Lease]], None]
     # Node facts beside the ledger's (`python`, `allow_code`), carried in every advert.
     facts: Mapping[str, Any] = attrs.field(factory=dict)
+    # Facts that change, read at each beat (the tenants this node saw waiting).
+    live_facts: Callable[[], Mapping[str, Any]] = attrs.field(default=dict)
     _poked: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _running: bool = attrs.field(default=True, init=False)
 
@@ -78,7 +80,8 @@ class Heartbeat:
             log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
             await self._event("expired", expired[0].tenant, len(expired))
         self.metrics.set_holding(self.ledger.holding())
-        data = encode(attrs.evolve(self.ledger.advert(time.time()), **self.facts))
+        advert = attrs.evolve(self.ledger.advert(time.time()), **self.facts, **self.live_facts())
+        data = encode(advert)
         try:
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
             await self.kv.put(self.ledger.node, data)

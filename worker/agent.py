@@ -9,19 +9,21 @@ import logging
 import time
 
 import attrs
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
-from vramfabric.broker import topology
+from vramfabric.broker import tenants, topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, from_nats
-from vramfabric.broker.messages import JobSpec, Lease
+from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
 
 from .adverts import Heartbeat
 from .execute import ChunkRunner
+from .fairness import FleetShare
 from .gpus import GpuSpec, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
@@ -61,6 +63,8 @@ class Agent:
     _heartbeat: Heartbeat = attrs.field(init=False)
     _jobs_kv: KeyValue = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
+    _adverts_sub: Subscription | None = attrs.field(default=None, init=False)
+    fair: FleetShare = attrs.field(init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
     _pullers: dict[JobKey, JobPuller] = attrs.field(factory=dict, init=False)
     _starting: set[JobKey] = attrs.field(factory=set, init=False)
@@ -82,6 +86,14 @@ class Agent:
             self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
         )
         self.executors = ExecutorPool(self.settings, gpus)
+        policy = (
+            tenants.load(self.settings.tenants_file).policy
+            if self.settings.tenants_file
+            else tenants.TenantPolicy()
+        )
+        self.fair = FleetShare(
+            self.ledger, policy, self.broker.node_ttl_s, self.settings.waiting_ttl_s
+        )
         js = self.conn.js
         self._jobs_kv = await topology.jobs_bucket(js, self.broker)
         nodes_kv = await topology.nodes_bucket(js, self.broker)
@@ -89,9 +101,10 @@ class Agent:
             self.settings,
             self.ledger,
             self.executors,
-            WorkLoader(await topology.kernels_store(js, self.broker)),
+            WorkLoader(lambda tenant: topology.kernels_store(js, self.broker, tenant)),
             ChunkStore(js, self.broker),
             simulated=gpus[0].simulated,
+            policy=policy,
         )
         subjects = self.broker.subjects
         self._heartbeat = Heartbeat(
@@ -103,6 +116,7 @@ class Agent:
             self.settings.heartbeat_s,
             on_beat=self._on_beat,
             facts={"python": python_version(), "allow_code": self.settings.allow_code},
+            live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
         )
         service = LeaseService(
             subjects,
@@ -111,6 +125,12 @@ class Agent:
             self.metrics,
             self._on_change,
             publish=self.conn.nc.publish,
+            fair=self.fair,
+            on_waiting=self._heartbeat.poke,
+        )
+        # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
+        self._adverts_sub = await self.conn.nc.subscribe(
+            subjects.advert_filter(), cb=self._on_advert
         )
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
@@ -130,6 +150,13 @@ class Agent:
             self.settings.isolation,
             self.ledger.advert(time.time()).free_slices(self.settings.slice_bytes),
         )
+
+    async def _on_advert(self, msg: Msg) -> None:
+        try:
+            self.fair.heard(decode(NodeAdvert, msg.data), time.monotonic())
+        except InvalidMessage as exc:
+            self.metrics.invalid_messages_total.labels(subject="advert").inc()
+            log.warning("bad advert ignored subject=%s error=%s", msg.subject, exc)
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -194,7 +221,14 @@ class Agent:
             try:
                 entry = await self._jobs_kv.get(kv_key)
                 if entry.value:
-                    return decode(JobSpec, entry.value)
+                    spec = decode(JobSpec, entry.value)
+                    # The key's tenant is the one the lease subject named: a spec claiming
+                    # another tenant (or job) would pull and answer that tenant's work.
+                    if (spec.tenant, spec.job_id) != key:
+                        raise InvalidMessage(
+                            "JobSpec", f"spec of {spec.tenant}.{spec.job_id} under key {kv_key}"
+                        )
+                    return spec
             except InvalidMessage as exc:
                 log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
                 self.metrics.invalid("job_spec")
@@ -215,8 +249,9 @@ class Agent:
         grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
         self._stopping = True
         self._stopped.set()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in (self._sub, self._adverts_sub):
+            if sub is not None:
+                await sub.unsubscribe()
         # One snapshot: a puller leaves the map as soon as it stops pulling, chunks still running.
         pullers = list(self._pullers.values())
         for puller in pullers:

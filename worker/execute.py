@@ -22,6 +22,7 @@ from vramfabric.broker.errors import (
     VramfabricError,
 )
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
+from vramfabric.broker.tenants import TenantPolicy
 
 from .ledger import SliceLedger
 from .settings import WorkerSettings
@@ -46,6 +47,8 @@ class ChunkRunner:
     loader: WorkLoader
     store: ChunkStore
     simulated: bool
+    # Who may run code, by tenant (everyone when no tenants file is in force).
+    policy: TenantPolicy = attrs.field(factory=TenantPolicy)
     # Chunks that checkpointed or resumed here: their checkpoint goes when their result is in.
     _checkpointed: set[tuple[str, str, int]] = attrs.field(factory=set, init=False)
     # Chunks that were in an executor when it crashed or timed out (oldest first).
@@ -64,7 +67,9 @@ class ChunkRunner:
         Raises:
             VramfabricError: CodeRefused, ChunkTimeout, ExecutorCrashed, ChunkFailed, ...
         """
-        refused = refusal(spec, self.settings.allow_code, self.simulated)
+        refused = refusal(
+            spec, self.settings.allow_code, self.simulated, self.policy.allows_code(spec.tenant)
+        )
         if refused is not None:
             raise refused
         started_at = time.time()

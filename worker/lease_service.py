@@ -24,9 +24,11 @@ from vramfabric.broker.messages import (
     ReleaseRequest,
     RenewReply,
     RenewRequest,
+    round_up,
 )
 from vramfabric.broker.subjects import Subjects
 
+from .fairness import QUOTA, FleetShare
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 
@@ -48,6 +50,9 @@ class LeaseService:
     metrics: WorkerMetrics
     on_change: OnChange
     publish: Publish
+    fair: FleetShare
+    # Called when a tenant starts waiting here: the fleet should hear it soon (an advert).
+    on_waiting: Callable[[], None] = lambda: None
 
     async def handle(self, msg: Msg) -> None:
         """Answer one request; a bad one gets an ErrorReply and changes nothing."""
@@ -76,22 +81,46 @@ class LeaseService:
         # Expiry runs on the monotonic clock; the wall clock only dates `expires_at`.
         now, wall = time.monotonic(), time.time()
         if op == "acquire":
-            req = decode(LeaseRequest, data)
-            grant = self.ledger.grant(req, tenant, now, wall)
-            log.debug(
-                "lease request job=%s count=%d granted=%d", req.job, req.count, len(grant.leases)
-            )
-            if grant.leases:
-                self.on_change(tenant, req.job)
-            return grant
+            return self._acquire(tenant, decode(LeaseRequest, data), now, wall)
         if op == "renew":
             renew = decode(RenewRequest, data)
-            return self.ledger.renew(renew.lease_ids, tenant, renew.ttl_s, now, wall)
-        release = decode(ReleaseRequest, data)
-        jobs = {
-            (lease.tenant, lease.job) for i in release.lease_ids if (lease := self.ledger.get(i))
-        }
-        reply = self.ledger.release(release.lease_ids, tenant)
+            revoke = self.fair.to_revoke(tenant, renew.lease_ids, now)
+            if revoke:
+                log.info("leases revoked for fair share tenant=%s count=%d", tenant, len(revoke))
+                self.metrics.leases_revoked_total.labels(tenant=tenant).inc(len(revoke))
+                self._release(revoke, tenant)
+            gone = set(revoke)
+            keep = [i for i in renew.lease_ids if i not in gone]
+            reply = self.ledger.renew(keep, tenant, renew.ttl_s, now, wall)
+            return attrs.evolve(reply, revoked=tuple(revoke))
+        return self._release(decode(ReleaseRequest, data).lease_ids, tenant)
+
+    def _acquire(self, tenant: str, req: LeaseRequest, now: float, wall: float) -> LeaseGrant:
+        if not self.ledger.knows(req.request_id):  # a retry gets its first answer again
+            need = round_up(req.slice_bytes, self.ledger.granule_bytes)
+            cap, reason = self.fair.grant_cap(tenant, need, req.count, now)
+            if reason and reason != QUOTA:
+                self._waits(tenant, now)
+            if cap == 0:
+                self.metrics.lease_denials_total.labels(tenant=tenant, reason=reason).inc()
+                return LeaseGrant(node=self.node, leases=(), denied=reason)
+            req = attrs.evolve(req, count=cap)
+        grant = self.ledger.grant(req, tenant, now, wall)
+        log.debug("lease request job=%s count=%d granted=%d", req.job, req.count, len(grant.leases))
+        if len(grant.leases) < req.count:
+            # Not all it asked for, for lack of room: it waits (the fleet learns by adverts).
+            self._waits(tenant, now)
+        if grant.leases:
+            self.on_change(tenant, req.job)
+        return grant
+
+    def _waits(self, tenant: str, now: float) -> None:
+        if self.fair.note_waiting(tenant, now):
+            self.on_waiting()
+
+    def _release(self, lease_ids: tuple[str, ...] | list[str], tenant: str) -> ReleaseReply:
+        jobs = {(lease.tenant, lease.job) for i in lease_ids if (lease := self.ledger.get(i))}
+        reply = self.ledger.release(lease_ids, tenant)
         for lease_tenant, job in jobs:
             self.on_change(lease_tenant, job)
         return reply

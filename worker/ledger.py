@@ -172,6 +172,14 @@ class SliceLedger:
         deadline = self._deadline.get(lease_id)
         return deadline is not None and now < deadline
 
+    def is_busy(self, lease_id: str) -> bool:
+        """Whether the lease's slot runs a chunk now."""
+        return lease_id in self._busy
+
+    def knows(self, request_id: str) -> bool:
+        """Whether a request with that id was granted and still holds leases here."""
+        return request_id in self._requests
+
     def occupy(self, lease_id: str) -> None:
         """Mark the lease's slot as running a chunk."""
         self._busy.add(lease_id)

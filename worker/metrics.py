@@ -36,6 +36,8 @@ class WorkerMetrics:
     lease_requests_total: Counter = attrs.field(init=False)
     lease_request_seconds: Histogram = attrs.field(init=False)
     invalid_messages_total: Counter = attrs.field(init=False)
+    lease_denials_total: Counter = attrs.field(init=False)
+    leases_revoked_total: Counter = attrs.field(init=False)
     _tenants: set[str] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -89,6 +91,18 @@ class WorkerMetrics:
             "invalid_messages",
             "Payloads this process rejected because they did not decode or validate",
             ["role", "subject"],
+            registry=r,
+        )
+        self.lease_denials_total = Counter(
+            "gpu_lease_denials",
+            "Lease requests denied by a tenant's quota or fair share",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.leases_revoked_total = Counter(
+            "gpu_leases_revoked",
+            "Leases ended at renewal for the fair share",
+            ["tenant"],
             registry=r,
         )
 

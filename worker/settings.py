@@ -49,6 +49,10 @@ class WorkerSettings:
         default=256 * 2**10, validator=[attrs.validators.gt(0), attrs.validators.le(512 * 2**10)]
     )
     kernel_modules: tuple[str, ...] = ()
+    # The tenants file (quotas, weights, who may run code); None: no limits, weight 1 each.
+    tenants_file: str | None = None
+    # A tenant this node could not serve in full counts as waiting for this long.
+    waiting_ttl_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     metrics_port: int | None = None
     # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
@@ -69,6 +73,8 @@ class WorkerSettings:
             kwargs["isolation"] = environ["VRAMFABRIC_ISOLATION"]
         if environ.get("VRAMFABRIC_ALLOW_CODE"):
             kwargs["allow_code"] = _flag(environ, "VRAMFABRIC_ALLOW_CODE")
+        if environ.get("VRAMFABRIC_TENANTS"):
+            kwargs["tenants_file"] = environ["VRAMFABRIC_TENANTS"]
         if environ.get("VRAMFABRIC_METRICS_PORT"):
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
@@ -76,6 +82,7 @@ class WorkerSettings:
             max_ttl_s=env_float(environ, "VRAMFABRIC_MAX_TTL_S", 3600.0),
             drain_grace_s=env_float(environ, "VRAMFABRIC_DRAIN_GRACE_S", 10.0),
             chunk_timeout_s=env_float(environ, "VRAMFABRIC_CHUNK_TIMEOUT_S", 3600.0),
+            waiting_ttl_s=env_float(environ, "VRAMFABRIC_WAITING_TTL_S", 10.0),
             **kwargs,  # type: ignore[arg-type]
         )
 

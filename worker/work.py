@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 import attrs
 import nats.js.errors
@@ -44,9 +45,20 @@ def _builtin(name: str, digest: str) -> Work:
     return Work("builtin", name, digest)
 
 
-def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | None:
-    """Why this node must not run the job's code, or None if it may."""
+def refusal(
+    spec: JobSpec, allow_code: bool, simulated: bool, tenant_may: bool = True
+) -> CodeRefused | None:
+    """Why this node must not run the job's code, or None if it may.
+
+    `tenant_may` is the tenants file's word on the job's tenant (the tenant comes from
+    the subject the job's leases were asked on, never from the spec's payload).
+    """
     python_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
+    if python_code and not tenant_may:
+        return CodeRefused(
+            f"tenant {spec.tenant} may not run Python code on this fabric "
+            "(allow_code is not set for it in the tenants file)"
+        )
     if python_code and not allow_code:
         if spec.kernel_kind == "python":
             why = "this worker does not run Python functions"
@@ -64,13 +76,19 @@ def refusal(spec: JobSpec, allow_code: bool, simulated: bool) -> CodeRefused | N
     return None
 
 
+# (tenant, digest): a blob is cached per tenant, so one tenant cannot run another's code
+# by naming its digest.
+BlobKey = tuple[str, str]
+
+
 @attrs.define
 class WorkLoader:
-    """Fetches uploaded code by digest from the kernels store, once per node."""
+    """Fetches uploaded code by digest from its tenant's kernels store, once per node."""
 
-    store: ObjectStore
-    _blobs: OrderedDict[str, bytes] = attrs.field(factory=OrderedDict, init=False)
-    _fetching: dict[str, asyncio.Task[bytes]] = attrs.field(factory=dict, init=False)
+    open_store: Callable[[str], Awaitable[ObjectStore]]
+    _stores: dict[str, ObjectStore] = attrs.field(factory=dict, init=False)
+    _blobs: OrderedDict[BlobKey, bytes] = attrs.field(factory=OrderedDict, init=False)
+    _fetching: dict[BlobKey, asyncio.Task[bytes]] = attrs.field(factory=dict, init=False)
 
     async def work_of(self, spec: JobSpec) -> Work:
         """The job's work, its blob fetched if it is uploaded code.
@@ -81,20 +99,25 @@ class WorkLoader:
         """
         if spec.kernel_kind == "builtin":
             return _builtin(spec.kernel, spec.kernel_digest)
-        blob = self._blobs.get(spec.kernel_digest)
+        key = (spec.tenant, spec.kernel_digest)
+        blob = self._blobs.get(key)
         if blob is None:
-            task = self._fetching.get(spec.kernel_digest)
+            task = self._fetching.get(key)
             if task is None:
-                task = asyncio.get_running_loop().create_task(self._fetch(spec.kernel_digest))
-                self._fetching[spec.kernel_digest] = task
-                task.add_done_callback(lambda _t: self._fetching.pop(spec.kernel_digest, None))
+                task = asyncio.get_running_loop().create_task(self._fetch(key))
+                self._fetching[key] = task
+                task.add_done_callback(lambda _t: self._fetching.pop(key, None))
             blob = await asyncio.shield(task)
-        self._blobs.move_to_end(spec.kernel_digest)
+        self._blobs.move_to_end(key)
         return Work(spec.kernel_kind, spec.kernel, spec.kernel_digest, blob)
 
-    async def _fetch(self, digest: str) -> bytes:
+    async def _fetch(self, key: BlobKey) -> bytes:
+        tenant, digest = key
         try:
-            result = await self.store.get(digest)
+            store = self._stores.get(tenant)
+            if store is None:
+                store = self._stores[tenant] = await self.open_store(tenant)
+            result = await store.get(digest)
         except nats.js.errors.NotFoundError:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
         except Exception as exc:
@@ -102,7 +125,7 @@ class WorkLoader:
         data = bytes(result.data or b"")
         if hashlib.sha256(data).hexdigest() != digest:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")
-        self._blobs[digest] = data
+        self._blobs[key] = data
         while len(self._blobs) > MAX_CACHED_BLOBS:
             self._blobs.popitem(last=False)
         log.info("kernel blob fetched digest=%s bytes=%d", digest[:12], len(data))

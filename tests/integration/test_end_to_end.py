@@ -68,9 +68,14 @@ async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
     assert fabric.metrics.value("job_leases_held") == 0
 
 
-def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind() -> None:
-    # When a user runs the README's demo
-    proc = subprocess.run([*CLI, "demo", "--json"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("auth", [(), ("--auth",)], ids=["auth-off", "auth-on"])
+def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind(
+    auth: tuple[str, ...],
+) -> None:
+    # When a user runs the README's demo (with auth off, or on with a generated tenants file)
+    proc = subprocess.run(
+        [*CLI, "demo", "--json", *auth], capture_output=True, text=True, timeout=120
+    )
     # Then it succeeds with the best of 1000 configurations, verified against the reference
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -80,6 +85,7 @@ def test_demo_command_prints_the_verified_best_and_leaves_nothing_behind() -> No
     # And no lease, worker or server outlives it
     assert summary["leased_bytes_after"] == 0
     assert summary["worker_exit_codes"] == [0, 0]
+    assert summary["auth"] is bool(auth)
 
 
 def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:

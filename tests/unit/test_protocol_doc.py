@@ -20,6 +20,7 @@ PLACEHOLDERS = {
     "runid": "<run>",
     "bucketid": "<bucket>",
     "keyid": "<key>",
+    "userid": "<user>",
 }
 
 
@@ -46,7 +47,13 @@ def code_names() -> set[str]:
         s.stream_info_api("streamid"),
         s.nodes_bucket(),
         s.jobs_bucket(),
-        s.kernels_store(),
+        s.kernels_store("tenantid"),
+        s.job_spec("tenantid", "jobid"),
+        s.kv_stream("bucketid"),
+        s.kv_subjects("bucketid"),
+        s.object_stream("bucketid"),
+        s.object_subjects("bucketid"),
+        s.inbox_prefix("userid"),
         s.job_key("tenantid", "jobid"),
         s.job_state_key("tenantid", "jobid"),
         s.kv_stream("bucketid"),

@@ -37,7 +37,7 @@ def test_default_prefix_is_vf() -> None:
         (lambda s: s.stream_info_api("T1_RESULTS_acme"), "$JS.API.STREAM.INFO.T1_RESULTS_acme"),
         (lambda s: s.nodes_bucket(), "t1_nodes"),
         (lambda s: s.jobs_bucket(), "t1_jobs"),
-        (lambda s: s.kernels_store(), "t1_kernels"),
+        (lambda s: s.kernels_store("ten"), "t1_kernels_ten"),
         (lambda s: s.job_key("acme", "job-1"), "acme.job-1"),
         (lambda s: s.chunk_msg_id("job-1", 7), "job-1:7"),
         (lambda s: s.result_msg_id("job-1", 7, 12), "r:job-1:7:12"),

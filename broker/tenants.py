@@ -1,0 +1,159 @@
+"""The tenants file: who may use the fabric, their VRAM quota, weight and code permission.
+
+TOML, one table per tenant plus the two service users:
+
+    [operator]                  # full access; provisions streams and buckets
+    password = "..."
+    [workers]                   # every node agent
+    password = "..."
+    [tenants.alice]
+    password = "..."            # or nkey = "U..." (a public nkey)
+    quota = "64GiB"             # optional: fleet-wide VRAM the tenant may lease
+    weight = 2                  # optional (default 1): its share under contention
+    allow_code = true           # optional (default false): may run Python callables
+
+A password may be a bcrypt hash (`$2a$...`, from `nats server passwd`): nats-server accepts
+it, and the file then holds no secret, so workers may read it for the policy fields.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .settings import parse_size
+from .subjects import token
+
+OPERATOR_USER = "vf_operator"
+WORKERS_USER = "vf_workers"
+RESERVED_USERS = (OPERATOR_USER, WORKERS_USER)
+
+
+@attrs.frozen
+class Credential:
+    """How one user proves who it is: a password (plain or bcrypt) or a public nkey."""
+
+    password: str | None = None
+    nkey: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        """Exactly one of password and nkey."""
+        if (self.password is None) == (self.nkey is None):
+            raise ValueError("give exactly one of password and nkey")
+
+
+@attrs.frozen
+class Tenant:
+    """One tenant: credential, fleet-wide VRAM quota (None: unlimited), weight, code flag."""
+
+    name: str = attrs.field(validator=lambda _i, _a, v: token(v, "tenant"))
+    credential: Credential
+    quota_bytes: int | None = None
+    weight: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    allow_code: bool = False
+
+
+@attrs.frozen
+class TenantPolicy:
+    """What workers need of the tenants file: quotas, weights and code permission."""
+
+    tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
+
+    def quota_bytes(self, tenant: str) -> int | None:
+        """The tenant's quota; None when unlimited (or when no tenants file is in force)."""
+        t = self.tenants.get(tenant)
+        return t.quota_bytes if t else None
+
+    def weight(self, tenant: str) -> float:
+        """The tenant's weight in the fair share (1 when not listed)."""
+        t = self.tenants.get(tenant)
+        return t.weight if t else 1.0
+
+    def allows_code(self, tenant: str) -> bool:
+        """Whether the tenant may run Python callables (everyone, when no file is in force)."""
+        if not self.tenants:
+            return True
+        t = self.tenants.get(tenant)
+        return bool(t and t.allow_code)
+
+
+@attrs.frozen
+class TenantsFile:
+    """The parsed tenants file."""
+
+    operator: Credential
+    workers: Credential
+    tenants: tuple[Tenant, ...]
+
+    @property
+    def policy(self) -> TenantPolicy:
+        """The policy part, by tenant name."""
+        return TenantPolicy({t.name: t for t in self.tenants})
+
+    def tenant(self, name: str) -> Tenant:
+        """The tenant of that name; KeyError naming the known ones otherwise."""
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tenant {name!r} (known: {', '.join(t.name for t in self.tenants)})")
+
+
+def load(path: str | Path) -> TenantsFile:
+    """Read and check a tenants file; ValueError naming the file and the problem."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        return parse(raw)
+    except (OSError, tomllib.TOMLDecodeError, ValueError, TypeError) as exc:
+        raise ValueError(f"tenants file {path}: {exc}") from None
+
+
+def parse(raw: Mapping[str, Any]) -> TenantsFile:
+    """Build a TenantsFile from parsed TOML."""
+    unknown = set(raw) - {"operator", "workers", "tenants"}
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}")
+    tenants_raw = raw.get("tenants") or {}
+    if not isinstance(tenants_raw, Mapping) or not tenants_raw:
+        raise ValueError("no [tenants.<name>] table")
+    tenants = []
+    for name, body in tenants_raw.items():
+        if name in RESERVED_USERS:
+            raise ValueError(f"tenant name {name!r} is reserved")
+        tenants.append(_tenant(name, body))
+    return TenantsFile(
+        operator=_credential("operator", raw.get("operator")),
+        workers=_credential("workers", raw.get("workers")),
+        tenants=tuple(tenants),
+    )
+
+
+def _credential(what: str, body: Any) -> Credential:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"[{what}] needs a password or an nkey")
+    try:
+        return Credential(password=body.get("password"), nkey=body.get("nkey"))
+    except ValueError as exc:
+        raise ValueError(f"[{what}]: {exc}") from None
+
+
+def _tenant(name: str, body: Any) -> Tenant:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"[tenants.{name}] must be a table")
+    unknown = set(body) - {"password", "nkey", "quota", "weight", "allow_code"}
+    if unknown:
+        raise ValueError(f"[tenants.{name}]: unknown keys {sorted(unknown)}")
+    quota = body.get("quota")
+    try:
+        return Tenant(
+            name=name,
+            credential=_credential(f"tenants.{name}", body),
+            quota_bytes=None if quota is None else parse_size(str(quota)),
+            weight=float(body.get("weight", 1.0)),
+            allow_code=bool(body.get("allow_code", False)),
+        )
+    except ValueError as exc:
+        raise ValueError(f"[tenants.{name}]: {exc}") from None

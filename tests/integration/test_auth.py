@@ -1,0 +1,372 @@
+"""Auth on: the server itself refuses a tenant everything of another tenant's, promptly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import pytest_asyncio
+from nats.js.api import ConsumerConfig
+from nats.js.kv import KeyValue
+
+from tests.helpers import eventually
+from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
+from vramfabric.broker import auth, tenants
+from vramfabric.broker.codec import encode
+from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.errors import ErrorKind, PermissionDenied
+from vramfabric.broker.messages import ReleaseRequest, RenewRequest
+from vramfabric.broker.server import NatsServer
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
+from vramfabric.coordinator.aggregate import Gather
+from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.worker import Agent, WorkerSettings
+
+# A refusal must come from the server's violation report, well before a request timeout.
+REQUEST_TIMEOUT_S = 5.0
+PROMPT_S = 2.0
+
+TENANTS_TOML = """
+[operator]
+password = "op-secret"
+[workers]
+password = "worker-secret"
+[tenants.alice]
+password = "alice-secret"
+quota = "6GiB"
+allow_code = true
+[tenants.bob]
+password = "bob-secret"
+"""
+
+
+@attrs.frozen
+class AuthFabric:
+    """A server started with the generated config, and settings per user."""
+
+    base: BrokerSettings
+    file: tenants.TenantsFile
+    path: Path
+
+    def as_user(self, user: str, password: str | None) -> BrokerSettings:
+        """Settings connecting as `user`."""
+        return auth.settings_for(self.base, user, password)
+
+    @property
+    def operator(self) -> BrokerSettings:
+        """The operator's settings."""
+        return self.as_user(tenants.OPERATOR_USER, "op-secret")
+
+    @property
+    def worker(self) -> BrokerSettings:
+        """The node agents' settings."""
+        return self.as_user(tenants.WORKERS_USER, "worker-secret")
+
+    def tenant(self, name: str) -> BrokerSettings:
+        """A tenant's settings."""
+        return self.as_user(name, f"{name}-secret")
+
+
+@pytest.fixture(scope="module")
+def auth_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFabric]:
+    """nats-server on a free port with the config generated from TENANTS_TOML, provisioned."""
+    folder = tmp_path_factory.mktemp("auth")
+    path = folder / "tenants.toml"
+    path.write_text(TENANTS_TOML)
+    file = tenants.load(path)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    base = BrokerSettings(prefix=prefix, node_ttl_s=2.0, request_timeout_s=REQUEST_TIMEOUT_S)
+    config = auth.write_config(file, base.subjects, folder / "server.json", port=-1)
+    server = NatsServer(config_file=str(config), store_dir=str(folder / "js")).start()
+    try:
+        fabric = AuthFabric(attrs.evolve(base, url=server.url), file, path)
+        asyncio.run(auth.provision_tenants(fabric.operator, file))
+        yield fabric
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture
+async def connections(
+    auth_fabric: AuthFabric,
+) -> AsyncIterator[Callable[[BrokerSettings], Awaitable[Connection]]]:
+    """Open connections as any user; all closed after the test."""
+    opened: list[Connection] = []
+
+    async def open_as(settings: BrokerSettings) -> Connection:
+        conn = await connect(settings, name="test-auth")
+        opened.append(conn)
+        return conn
+
+    yield open_as
+    for conn in opened:
+        await conn.close()
+
+
+async def refused(call: Awaitable[Any]) -> float:
+    """Await `call`, expecting PermissionDenied; return how long the refusal took."""
+    t0 = time.monotonic()
+    with pytest.raises(PermissionDenied):
+        await call
+    return time.monotonic() - t0
+
+
+async def test_unauthenticated_and_wrong_password_clients_are_refused(
+    auth_fabric: AuthFabric,
+) -> None:
+    # Given a server with auth on
+    # When a client connects without credentials, or with a wrong password
+    # Then the server refuses both, and the client gets PermissionDenied (not a retryable error)
+    with pytest.raises(PermissionDenied):
+        await connect(auth_fabric.base, name="anonymous")
+    with pytest.raises(PermissionDenied):
+        await connect(auth_fabric.as_user("alice", "wrong"), name="wrong")
+
+
+async def test_tenant_b_cannot_read_a_results(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a result stored in alice's results stream
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    await a.js.publish(s.result("alice", "job1", 0), b"alice's result")
+    stream, subject = s.results_stream("alice"), s.result_filter("alice", "job1")
+    # When bob follows it with an ordered consumer, gets it by sequence or subscribes to it
+    # Then each is refused promptly
+    assert await refused(b.js.subscribe(subject, stream=stream, ordered_consumer=True)) < PROMPT_S
+    assert await refused(b.js.get_msg(stream, 1)) < PROMPT_S
+    assert await refused(b.nc.subscribe(subject)) < PROMPT_S
+    # And alice herself reads it (the refusal is about bob, not a broken grant)
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        await got.put(msg.data)
+
+    sub = await a.js.subscribe(subject, stream=stream, ordered_consumer=True, cb=on_msg)
+    assert await asyncio.wait_for(got.get(), 5) == b"alice's result"
+    await sub.unsubscribe()
+
+
+async def test_tenant_b_cannot_publish_to_a_work(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given alice's work subject
+    s = auth_fabric.base.subjects
+    b = await connections(auth_fabric.tenant("bob"))
+    # When bob publishes a chunk to it
+    # Then the server refuses it, promptly, and nothing lands in alice's stream
+    assert await refused(b.js.publish(s.work("alice", "job1"), b"x")) < PROMPT_S
+    op = await connections(auth_fabric.operator)
+    info = await op.js.stream_info(s.work_stream("alice"))
+    assert info.state.messages == 0
+
+
+async def test_tenant_b_cannot_read_a_job_specs(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a job spec of alice's in the shared jobs bucket
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    await a.js.publish(s.job_spec("alice", "job1"), b"alice's spec")
+    bucket = s.jobs_bucket()
+    # When bob binds the bucket, gets the key directly or by message, or subscribes to it
+    # Then each is refused
+    assert await refused(b.js.key_value(bucket)) < PROMPT_S
+    for direct in (True, False):
+        kv = KeyValue(
+            name=bucket, stream=s.kv_stream(bucket), pre=f"$KV.{bucket}.", js=b.js, direct=direct
+        )
+        assert await refused(kv.get(s.job_key("alice", "job1"))) < PROMPT_S
+    assert await refused(b.nc.subscribe(s.kv_subjects(bucket))) < PROMPT_S
+
+
+async def test_tenant_b_cannot_create_or_delete_consumers_on_a_streams(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given alice's streams and a consumer alice made on her work stream
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    work = s.work_stream("alice")
+    mine = ConsumerConfig(
+        durable_name=s.job_consumer("job1"), filter_subject=s.work("alice", "job1")
+    )
+    await a.js.add_consumer(work, mine)
+    # When bob creates a consumer on each of alice's streams (named, durable or ephemeral)
+    for stream in (work, s.results_stream("alice"), s.dead_stream("alice")):
+        for config in (
+            ConsumerConfig(durable_name="sneaky"),
+            ConsumerConfig(name="sneaky", filter_subject=s.work("alice", "job1")),
+            ConsumerConfig(),
+        ):
+            # Then the server refuses each
+            assert await refused(b.js.add_consumer(stream, config)) < PROMPT_S
+    # And he cannot delete alice's consumer, nor overwrite it
+    assert await refused(b.js.delete_consumer(work, s.job_consumer("job1"))) < PROMPT_S
+    hijack = ConsumerConfig(name=s.job_consumer("job1"), filter_subject=s.work("alice", "job2"))
+    assert await refused(b.js.add_consumer(work, hijack)) < PROMPT_S
+    info = await a.js.consumer_info(work, s.job_consumer("job1"))
+    assert info.config.filter_subject == s.work("alice", "job1")
+
+
+async def test_tenant_b_cannot_see_a_replies_or_touch_a_leases(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given alice's inbox and lease subjects
+    s = auth_fabric.base.subjects
+    b = await connections(auth_fabric.tenant("bob"))
+    # When bob subscribes to alice's inbox, or renews or releases leases as alice
+    # Then the server refuses each promptly
+    assert await refused(b.nc.subscribe(f"{s.inbox_prefix('alice')}.>")) < PROMPT_S
+    renew = encode(RenewRequest(("lease-1",), 5.0))
+    release = encode(ReleaseRequest(("lease-1",)))
+    subject = s.lease("alice", "node1", "renew")
+    assert await refused(b.nc.request(subject, renew, timeout=REQUEST_TIMEOUT_S)) < PROMPT_S
+    subject = s.lease("alice", "node1", "release")
+    assert await refused(b.nc.request(subject, release, timeout=REQUEST_TIMEOUT_S)) < PROMPT_S
+
+
+async def test_worker_user_cannot_read_results(auth_fabric: AuthFabric, connections: Any) -> None:
+    # Given a result in alice's results stream
+    s = auth_fabric.base.subjects
+    w = await connections(auth_fabric.worker)
+    await w.js.publish(s.result("alice", "job9", 0), b"computed")
+    stream = s.results_stream("alice")
+    # When the workers' user follows or fetches it, or subscribes to result subjects
+    # Then the server refuses each (a worker only ever publishes results)
+    subject = s.result_filter("alice")
+    assert await refused(w.js.subscribe(subject, stream=stream, ordered_consumer=True)) < PROMPT_S
+    assert await refused(w.js.get_msg(stream, 1)) < PROMPT_S
+    assert await refused(w.nc.subscribe(subject)) < PROMPT_S
+
+
+@pytest_asyncio.fixture
+async def agents(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
+    """Start in-process agents as the workers' user, with the tenants file's policy."""
+    started: list[Agent] = []
+
+    async def start(node: str, simulate: str = "2x2GiB", **kw: Any) -> Agent:
+        settings = WorkerSettings(
+            node=node,
+            simulate=simulate,
+            slice_bytes=2**30,
+            heartbeat_s=0.2,
+            drain_grace_s=1.0,
+            kernel_modules=("tests.kernels_for_tests",),
+            tenants_file=str(auth_fabric.path),
+            **kw,
+        )
+        agent = Agent(auth_fabric.worker, settings, await connect(auth_fabric.worker, name=node))
+        await agent.start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        await agent.stop(grace_s=0.5)
+        await agent.conn.close()
+
+
+@pytest_asyncio.fixture
+async def fabrics(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Fabric]]]:
+    """Connect fabrics as a tenant (short TTLs); closed after the test."""
+    opened: list[Fabric] = []
+
+    async def open_as(tenant: str, **kw: Any) -> Fabric:
+        settings = CoordinatorSettings(
+            tenant=tenant, slice_bytes=2**30, lease_ttl_s=3.0, ack_wait_s=2.0, **kw
+        )
+        fabric = await Fabric.connect(auth_fabric.tenant(tenant), settings)
+        opened.append(fabric)
+        return fabric
+
+    yield open_as
+    for fabric in opened:
+        await fabric.close()
+
+
+def sleepy_job(n: int, sleep_s: float, log_dir: Path | None = None) -> Job:
+    """A job of `n` sleepy chunks (values 0..n-1), logging executions to `log_dir`."""
+    args: dict[str, Any] = {"sleep_s": sleep_s}
+    if log_dir is not None:
+        args["log_dir"] = str(log_dir)
+    return Job(SLEEPY, [sleepy_input(i) for i in range(n)], args=args, job_id=uuid.uuid4().hex[:12])
+
+
+async def test_a_job_runs_with_auth_on_and_code_follows_the_tenants_file(
+    agents: Any, fabrics: Any
+) -> None:
+    # Given a node that runs code, alice (allow_code) and bob (not)
+    await agents("n-code", allow_code=True)
+    alice, bob = await fabrics("alice"), await fabrics("bob")
+    await eventually(lambda: bool(alice.fleet.adverts) and bool(bob.fleet.adverts))
+    # When alice runs a kernel job and a Python function, and bob runs the same function
+    done = await alice.run(sleepy_job(8, 0.0), Gather(), timeout_s=30)
+    mine = await alice.run(Job(abs, [-1, -2, 3]), Gather(), timeout_s=30)
+    theirs = await bob.run(Job(abs, [-1, -2, 3], job_id="bobabs"), Gather(), timeout_s=30)
+    # Then alice's jobs complete through the permissions of her user and the workers'
+    assert done.ok and [x.tolist() for x in done.value] == [[float(i)] for i in range(8)]
+    assert mine.ok and mine.value == [1, 2, 3], mine.failures[0].error
+    # And bob's chunks fail permanently with code_refused, naming the tenants file
+    assert theirs.n_failed == 3
+    assert {f.error_kind for f in theirs.failures} == {ErrorKind.CODE_REFUSED}
+    assert "tenants file" in (theirs.failures[0].error or "")
+
+
+def held_slices(fabric: Fabric, tenant: str) -> int:
+    """Slices (1 GiB) the tenant holds over the fleet, as the nodes' adverts say."""
+    return sum(a.tenants.get(tenant, 0) for a in fabric.fleet.adverts.values()) // 2**30
+
+
+async def test_grants_stop_at_the_quota(agents: Any, fabrics: Any) -> None:
+    # Given two nodes of 4 one-GiB slices each, and alice's quota of 6 GiB
+    await agents("q1", waiting_ttl_s=2.0)
+    await agents("q2", waiting_ttl_s=2.0)
+    alice = await fabrics("alice")
+    await eventually(lambda: len(alice.fleet.adverts) == 2)
+    # When alice asks for all 8 slices, both nodes at once, then again
+    pool = LeasePool(alice.conn, alice.broker, alice.settings, alice.fleet, "quota-job")
+    first = await pool.acquire(8)
+    await eventually(lambda: held_slices(alice, "alice") == first)
+    again = await pool.acquire(8)
+    # Then grants stop at the quota, plus at most what the other node granted in flight
+    # (the bound docs/operations.md states: one node's grant of the same round)
+    assert 6 <= first <= 6 + 4
+    assert again == 0 and pool.denials >= 1
+    await pool.release()
+
+
+async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
+    agents: Any, fabrics: Any, tmp_path: Path
+) -> None:
+    # Given two nodes of 4 slices each, and alice's long job holding all 8
+    for node in ("f1", "f2"):
+        await agents(node, waiting_ttl_s=2.0)
+    alice = await fabrics("alice")
+    bob = await fabrics("bob")
+    await eventually(lambda: len(alice.fleet.adverts) == 2 and len(bob.fleet.adverts) == 2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a_job = sleepy_job(60, 0.3, tmp_path / "a")
+    a_run = asyncio.create_task(alice.run(a_job, Gather(), slices=8, timeout_s=60))
+    await eventually(lambda: held_slices(alice, "alice") == 8, timeout_s=15)
+    # When bob (equal weight) arrives with a job of his own
+    b_job = sleepy_job(30, 0.3, tmp_path / "b")
+    b_run = asyncio.create_task(bob.run(b_job, Gather(), slices=8, timeout_s=60))
+    # Then within two lease TTLs each holds about half (within a slice per node)
+    ttl_s = alice.settings.lease_ttl_s
+
+    def halved() -> bool:
+        a, b = held_slices(bob, "alice"), held_slices(bob, "bob")
+        return b >= 3 and abs(a - b) <= 2
+
+    await eventually(halved, timeout_s=2 * ttl_s)
+    # And both jobs complete, every chunk run exactly once (nothing lost, nothing doubled)
+    a_result, b_result = await a_run, await b_run
+    assert a_result.ok and [x.tolist() for x in a_result.value] == [[float(i)] for i in range(60)]
+    assert b_result.ok and b_result.n_ok == 30
+    assert executions(str(tmp_path / "a")) == {i: 1 for i in range(60)}
+    assert executions(str(tmp_path / "b")) == {i: 1 for i in range(30)}
