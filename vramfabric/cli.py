@@ -18,7 +18,6 @@ from vramfabric.broker.errors import Disconnected, JobTimeout, ServerError, Vram
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.settings import CoordinatorSettings

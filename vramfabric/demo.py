@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 
 from vramfabric.broker.settings import parse_size
-from vramfabric.kernels import HYPERPARAM_EVAL
-from vramfabric.kernels.hyperparam import encode_config, search_space
-
 from vramfabric.coordinator.aggregate import ArgMin
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobs import Job
-from .local import LocalFleet
 from vramfabric.coordinator.results import Progress
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.kernels import HYPERPARAM_EVAL
+from vramfabric.kernels.hyperparam import encode_config, search_space
+
+from .local import LocalFleet
 
 
 def reference_argmin(configs: list[tuple[float, int, float]]) -> tuple[int, float]:

@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vramfabric.broker.messages import NodeAdvert
-
 from vramfabric.coordinator.fabric import JobResult
 from vramfabric.coordinator.results import ResultsConsumer
 
@@ -40,6 +39,7 @@ def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsume
 
 
 def print_demo(s: dict[str, Any]) -> None:
+    """Print the demo summary `s` as readable lines."""
     cfg = s["best_config"] or {}
     print(
         f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
@@ -63,6 +63,7 @@ def print_demo(s: dict[str, Any]) -> None:
 
 
 def report(result: JobResult) -> dict[str, Any]:
+    """A job result as a JSON-ready dict (at most 10 failures)."""
     return {
         "job_id": result.job_id,
         "value": result.value,
@@ -79,6 +80,7 @@ def report(result: JobResult) -> dict[str, Any]:
 
 
 def advert_dict(a: NodeAdvert) -> dict[str, Any]:
+    """A node advert as a JSON-ready dict."""
     return {
         "node": a.node,
         "sent_at": a.sent_at,
