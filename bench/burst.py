@@ -20,9 +20,9 @@ import sys
 import time
 
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
-from vramfabric.local import LocalFleet
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
+from vramfabric.local import LocalFleet
 
 
 async def bench(
