@@ -122,7 +122,7 @@ class LocalCluster:
             await asyncio.sleep(0.2)  # polling for a leader election
 
     def kill(self, index: int) -> None:
-        """kill -9 one server (its store stays for a restart)."""
+        """Kill -9 one server (its store stays for a restart)."""
         self.servers[index].kill()
 
     def restart(self, index: int) -> None:

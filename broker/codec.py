@@ -79,7 +79,8 @@ def _unstructure(value: Any) -> Any:
     if isinstance(value, _PLAIN) and not isinstance(value, enum.Enum):
         return value
     if attrs.has(type(value)):
-        return {name: _unstructure(getattr(value, name)) for name in _field_names(type(value))}
+        names = _field_names(type(value))  # type: ignore[arg-type]  # python/mypy#11470
+        return {name: _unstructure(getattr(value, name)) for name in names}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
@@ -96,7 +97,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 def _structure(cls: type[T], body: dict[str, Any], what: str) -> T:
     kwargs: dict[str, Any] = {}
-    for name, conv, required in _plan(cls):
+    for name, conv, required in _plan(cls):  # type: ignore[arg-type]  # python/mypy#11470
         if name in body:
             try:
                 kwargs[name] = conv(body[name])

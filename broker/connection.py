@@ -13,7 +13,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import nats.errors
@@ -77,7 +77,7 @@ class GuardedClient(Client):
                 waiter.exception()  # retrieved: no "never retrieved" warning
             waiter.cancel()
 
-    async def request(  # type: ignore[override]
+    async def request(
         self,
         subject: str,
         payload: bytes = b"",
@@ -102,9 +102,9 @@ class GuardedClient(Client):
             call.cancel()
             with contextlib.suppress(BaseException):
                 await call
-            raise denied.exception()  # type: ignore[misc]
+            raise cast(PermissionDenied, denied.exception())
 
-    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Subscription:  # type: ignore[override]
+    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Subscription:
         """Client.subscribe; on a guarded connection, PermissionDenied if the server refuses."""
         if not self.guard:
             return await super().subscribe(subject, *args, **kwargs)
@@ -121,7 +121,7 @@ class GuardedClient(Client):
             if denied.done():
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
-                raise denied.exception()  # type: ignore[misc]
+                raise cast(PermissionDenied, denied.exception())
         return sub
 
 

@@ -7,7 +7,7 @@ Validators here check meaning (counts, sizes, tokens); codec.py checks types.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -30,7 +30,8 @@ KERNEL_KINDS = ("builtin", "python", "cuda")
 SIMULATED_MODEL = "simulated"
 
 _ge0 = attrs.validators.ge(0)
-_gt0 = attrs.validators.gt(0)
+# Typed for any number: inferred from `gt(0)` it would accept int fields only.
+_gt0: Callable[[Any, attrs.Attribute[Any], Any], Any] = attrs.validators.gt(0)
 
 
 def _is_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:

@@ -143,7 +143,7 @@ class NatsServer:
             self._tmp = None
 
     def kill(self) -> None:
-        """kill -9 the server, as a crash would (the store is kept)."""
+        """Kill -9 the server, as a crash would (the store is kept)."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()

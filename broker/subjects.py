@@ -221,8 +221,10 @@ class Subjects:
 
     @staticmethod
     def chunk_retry_msg_id(job: str, index: int, run: str) -> str:
-        """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run (a fresh id,
-        so the stream's dedup window does not swallow it)."""
+        """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run.
+
+        A fresh id, so the stream's dedup window does not swallow it.
+        """
         return f"{job}:{int(index)}:{token(run, 'run')}"
 
     @staticmethod

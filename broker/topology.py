@@ -162,7 +162,7 @@ async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> Non
     except PermissionDenied:
         # Not ours to create: it must exist already (provisioned by the operator).
         try:
-            await js.stream_info(config.name)
+            await js.stream_info(str(config.name))
         except Exception as exc:
             raise from_nats(exc) from exc
     except nats.js.errors.BadRequestError as exc:

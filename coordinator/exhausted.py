@@ -64,7 +64,7 @@ class ExhaustedWatcher:
         except Exception as exc:
             log.warning("exhausted chunk unreadable seq=%d error=%s", seq, from_nats(exc))
             return
-        index = _index(raw.data, raw.headers)
+        index = _index(raw.data or b"", raw.headers)
         if index is not None:
             await self._record(index, deliveries)
         try:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -159,7 +159,7 @@ async def _publish_round(
     outcomes: list[Any] = []
     # Windows below the context's max pending acks, so publish_async never blocks on a stall.
     for start in range(0, len(indices), _WINDOW):
-        futures = []
+        futures: list[Awaitable[Any]] = []
         for i in indices[start : start + _WINDOW]:
             data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
             msg_id = (

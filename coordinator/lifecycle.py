@@ -144,7 +144,7 @@ async def _scan(
             stream=s.results_stream(spec.tenant),
             config=config,
         )
-        remaining = (await sub.consumer_info()).num_pending
+        remaining = (await sub.consumer_info()).num_pending or 0
         while remaining > 0:
             # Never ask for more than remain: fetch(n) holds what arrived until n do.
             msgs = await sub.fetch(min(remaining, _SCAN_BATCH), timeout=broker.request_timeout_s)
@@ -166,8 +166,10 @@ async def _scan(
 
 
 async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> bool:
-    """Stop a job: mark it cancelled (its coordinator releases its leases), delete its
-    consumer and drop its queued chunks. False if it had already finished.
+    """Stop a job; False if it had already finished.
+
+    It is marked cancelled (its coordinator releases its leases), its consumer deleted and
+    its queued chunks dropped.
 
     Raises:
         JobNotFound: the tenant has no job of this id.
@@ -197,8 +199,10 @@ async def _stop_work(conn: Connection, broker: BrokerSettings, tenant: str, job:
 
 
 async def remove(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> None:
-    """Delete everything of a job: spec, record, consumer, chunks, results, advisories,
-    checkpoints and outputs. A running job is cancelled first.
+    """Delete everything of a job; a running job is cancelled first.
+
+    Gone afterwards: spec, record, consumer, chunks, results, advisories, checkpoints and
+    outputs.
 
     Raises:
         JobNotFound: the tenant has no job of this id.

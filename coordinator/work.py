@@ -1,5 +1,8 @@
-"""JobWork: what a Job runs, as the coordinator ships it: a registered kernel by name, or a
-Python callable or CUDA kernel uploaded to the kernels object store by digest."""
+"""JobWork: what a Job runs, as the coordinator ships it.
+
+A registered kernel by name, or a Python callable or CUDA kernel uploaded to the kernels
+object store by digest.
+"""
 
 from __future__ import annotations
 

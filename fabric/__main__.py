@@ -1,3 +1,5 @@
+"""`python -m vramfabric`: the `vramfabric` CLI."""
+
 from .cli import main
 
 raise SystemExit(main())

@@ -63,6 +63,7 @@ def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[ResultsConsume
 
 
 def print_demo(s: dict[str, Any]) -> None:
+    """The demo's summary as text."""
     cfg = s["best_config"] or {}
     print(
         f"best configuration: #{s['best_index']} learning_rate={cfg.get('learning_rate', 0):.6f} "
@@ -86,6 +87,7 @@ def print_demo(s: dict[str, Any]) -> None:
 
 
 def report(result: JobResult) -> dict[str, Any]:
+    """A job result as a dict of plain values (for text and JSON output)."""
     return {
         "job_id": result.job_id,
         "value": result.value,
@@ -102,6 +104,7 @@ def report(result: JobResult) -> dict[str, Any]:
 
 
 def advert_dict(a: NodeAdvert) -> dict[str, Any]:
+    """A node advert as a dict of plain values."""
     return {
         "node": a.node,
         "sent_at": a.sent_at,

@@ -167,7 +167,7 @@ def encode_input(value: Any) -> bytes:
 
 
 def dumps_by_value(obj: Any) -> bytes:
-    """cloudpickle `obj` with the module it comes from pickled by value, not by reference.
+    """Pickle `obj` with cloudpickle, the module it comes from pickled by value, not by reference.
 
     The module is registered only for this call: a worker needs neither the module nor the
     file it lives in. `__main__` (scripts, notebooks) is by value already; installed packages

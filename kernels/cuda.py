@@ -83,7 +83,7 @@ class CudaKernel:
         return hashlib.sha256(self.to_blob()).hexdigest()
 
     def to_blob(self) -> bytes:
-        """msgpack of the fields; the reference is pickled by value, so workers need no import.
+        """The fields as msgpack; the reference is pickled by value, so workers need no import.
 
         Raises:
             TypeError: the reference cannot be pickled.

@@ -14,11 +14,16 @@ class KernelMissing(KeyError):
     """No kernel of that name, or of that digest, is registered."""
 
 
+def _as_dict(kernels: Mapping[str, Kernel]) -> dict[str, Kernel]:
+    # A typed `dict`: mypy's attrs plugin cannot type `converter=dict` (it is overloaded).
+    return dict(kernels)
+
+
 @attrs.frozen
 class Registry(Mapping[str, Kernel]):
     """An immutable name -> Kernel map; `with_kernels` returns an extended copy."""
 
-    _kernels: Mapping[str, Kernel] = attrs.field(factory=dict, converter=dict)
+    _kernels: Mapping[str, Kernel] = attrs.field(factory=dict, converter=_as_dict)
 
     def __getitem__(self, name: str) -> Kernel:
         return self._kernels[name]

@@ -1,0 +1,1 @@
+"""vramfabric tests: unit, integration (real nats-server), chaos and gpu."""

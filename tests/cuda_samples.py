@@ -1,5 +1,8 @@
-"""CUDA sources shared by the CUDA-kernel tests (unit, integration and GPU): a grid-stride
-SAXPY, `y = a x + 1` over the chunk's float32s, as CUDA C++ and as the PTX nvcc makes of it."""
+"""CUDA sources shared by the CUDA-kernel tests (unit, integration and GPU).
+
+A grid-stride SAXPY, `y = a x + 1` over the chunk's float32s, as CUDA C++ and as the PTX
+nvcc makes of it.
+"""
 
 SAXPY = r"""
 extern "C" __global__ void saxpy(const float* x, float* y, float a, unsigned long long n_bytes) {

@@ -1,5 +1,8 @@
-"""Agent: the node agent. Wires GPUs, ledger, lease service, heartbeat, per-job pullers and
-the executor processes that run the chunks (the agent itself never runs users' work)."""
+"""Agent: the node agent.
+
+Wires GPUs, ledger, lease service, heartbeat, per-job pullers and the executor processes
+that run the chunks (the agent itself never runs users' work).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import attrs
 from nats.aio.msg import Msg
@@ -155,11 +160,11 @@ class Agent:
         try:
             self.fair.heard(decode(NodeAdvert, msg.data), time.monotonic())
         except InvalidMessage as exc:
-            self.metrics.invalid_messages_total.labels(subject="advert").inc()
+            self.metrics.invalid("advert")
             log.warning("bad advert ignored subject=%s error=%s", msg.subject, exc)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

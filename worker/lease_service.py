@@ -62,7 +62,9 @@ class LeaseService:
             tenant, node, op = self.subjects.parse_lease(msg.subject)
             if node != self.node:
                 raise InvalidMessage("lease subject", f"addressed to node {node!r}")
-            reply = self._serve(tenant, op, msg.data)
+            reply: LeaseGrant | RenewReply | ReleaseReply | ErrorReply = self._serve(
+                tenant, op, msg.data
+            )
             outcome = "denied" if isinstance(reply, LeaseGrant) and reply.denied else "ok"
         except (InvalidMessage, ValueError) as exc:
             self.metrics.invalid(f"lease.{op}")

@@ -190,7 +190,7 @@ def _failure(frame: dict[str, Any]) -> VramfabricError:
     """The error a `done` frame reports."""
     message = str(frame.get("error", ""))
     try:
-        kind = ErrorKind(frame.get("kind"))
+        kind = ErrorKind(frame.get("kind", ""))
     except ValueError:
         kind = ErrorKind.ERROR
     if kind is ErrorKind.CRASHED:

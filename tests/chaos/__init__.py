@@ -1,0 +1,1 @@
+"""Chaos tests: kill workers, servers and coordinators mid-job."""

@@ -289,7 +289,7 @@ FAULTS: dict[str, Fault] = {
 
 
 async def _coordinator_kill(fab: Fabricated, n: int, rng: random.Random, outcome: Outcome) -> None:
-    """kill -9 a coordinator process about half-way, then rerun the same job id in-process."""
+    """Kill -9 a coordinator process about half-way, then rerun the same job id in-process."""
     job_id = f"chaos{uuid.uuid4().hex[:8]}"
     b = fab.broker
     proc = subprocess.Popen(

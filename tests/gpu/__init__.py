@@ -1,0 +1,1 @@
+"""GPU tests: CUDA kernels against their references; skipped without CUDA."""

@@ -1,5 +1,8 @@
-"""CudaKernel on a real GPU: source and PTX kernels against their NumPy reference, compile
-errors with their log, and launch shapes or args that the validator or the driver refuses."""
+"""CudaKernel on a real GPU.
+
+Source and PTX kernels against their NumPy reference, compile errors with their log, and
+launch shapes or args that the validator or the driver refuses.
+"""
 
 from __future__ import annotations
 

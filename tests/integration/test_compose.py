@@ -1,5 +1,7 @@
-"""compose.yaml, its Dockerfile and prometheus.yml agree with the code's defaults; with a
-Docker engine, compose brings up the cluster, workers and a coordinator job."""
+"""compose.yaml, its Dockerfile and prometheus.yml agree with the code's defaults.
+
+With a Docker engine, compose brings up the cluster, workers and a coordinator job.
+"""
 
 from __future__ import annotations
 

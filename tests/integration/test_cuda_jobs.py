@@ -1,5 +1,8 @@
-"""CUDA-kernel jobs on simulated workers: the NumPy reference runs in place of the GPU, only
-where code is allowed, and `vramfabric run` takes the kernel from a JOB.toml's [cuda] table."""
+"""CUDA-kernel jobs on simulated workers.
+
+The NumPy reference runs in place of the GPU, only where code is allowed, and
+`vramfabric run` takes the kernel from a JOB.toml's [cuda] table.
+"""
 
 from __future__ import annotations
 
@@ -108,8 +111,11 @@ async def test_a_kernel_without_a_reference_fails_with_a_clear_message(
 
 
 async def refusals(fabric: Fabric, job: Job) -> list[tuple[ErrorKind | None, str, int]]:
-    """(kind, message, attempt) of each refusal, whether the fabric refused the job up front
-    (from the workers' adverts; attempt 0) or each chunk came back refused by the node."""
+    """(kind, message, attempt) of each refusal.
+
+    Whether the fabric refused the job up front (from the workers' adverts; attempt 0) or
+    each chunk came back refused by the node.
+    """
     try:
         result = await fabric.run(job, Gather(), timeout_s=30)
     except CodeRefused as exc:

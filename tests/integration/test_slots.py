@@ -1,6 +1,9 @@
-"""Leases as execution slots: parallel chunks, deadlines, crashes, drain, and VRAM held by a
-running slot. The work here is Python functions defined in this file, so they also prove
-that functions travel by value to executor processes."""
+"""Leases as execution slots.
+
+Parallel chunks, deadlines, crashes, drain, and VRAM held by a running slot. The work here
+is Python functions defined in this file, so they also prove that functions travel by value
+to executor processes.
+"""
 
 from __future__ import annotations
 
@@ -421,7 +424,7 @@ async def test_checkpointing_function_killed_mid_chunk_resumes_from_its_checkpoi
 
 
 def big_output(n: int) -> bytes:
-    """n * 100,000 bytes of the digit n."""
+    """The digit n, n * 100,000 times, as bytes."""
     return str(n).encode() * (n * 100_000)
 
 

@@ -1,6 +1,9 @@
-"""kernels/cuda*.py: validation and signature checks (cuda_checks, cuda_signature), blobs and
-the lazily unpickled reference (cuda, cuda_reference), and the GPU path (cuda_compile) against
-a stand-in CuPy (the real one runs in tests/gpu)."""
+"""kernels/cuda*.py, without a GPU.
+
+Validation and signature checks (cuda_checks, cuda_signature), blobs and the lazily
+unpickled reference (cuda, cuda_reference), and the GPU path (cuda_compile) against a
+stand-in CuPy (the real one runs in tests/gpu).
+"""
 
 from __future__ import annotations
 
@@ -301,14 +304,17 @@ class DeviceArray(np.ndarray):
     """A NumPy array with CuPy's `get()`."""
 
     def get(self) -> np.ndarray:
+        """A host copy, as `cupy.ndarray.get()` gives."""
         return np.asarray(self)
 
 
 class FakeCompileError(Exception):
-    pass
+    """Stands in for `cupy.cuda.compiler.CompileException`."""
 
 
 class FakeDriverError(Exception):
+    """Stands in for `cupy.cuda.driver.CUDADriverError`, with its status code."""
+
     def __init__(self, status: int) -> None:
         super().__init__(f"CUDA_ERROR {status}")
         self.status = status
@@ -323,9 +329,11 @@ class FakeFunction:
 
     @property
     def kernel(self) -> FakeFunction:
+        """The function itself, as CuPy's `RawKernel.kernel` gives."""
         return self
 
     def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
+        """Record the launch, then run it (or raise the configured driver error)."""
         self.cupy.launches.append((grid, block, args, shared_mem))
         if self.cupy.launch_error is not None:
             raise FakeDriverError(self.cupy.launch_error)
@@ -347,6 +355,7 @@ class FakeCupy:
     attributes: list[tuple[int, int, int]] = attrs.field(factory=list)
 
     def module(self) -> Any:
+        """The stand-in `cupy` module."""
         driver = SimpleNamespace(CUDADriverError=FakeDriverError, funcSetAttribute=self._attr)
         return SimpleNamespace(
             uint8=np.uint8,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import pytest
 
@@ -63,7 +65,7 @@ def test_job_id_is_a_stable_hash_of_the_spec() -> None:
         ),
     ],
 )
-def test_job_id_differs_when_the_spec_differs(other) -> None:  # type: ignore[no-untyped-def]
+def test_job_id_differs_when_the_spec_differs(other: Callable[[], Job]) -> None:
     assert other().spec(SETTINGS).job_id != job().spec(SETTINGS).job_id
 
 

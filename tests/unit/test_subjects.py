@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects, token
@@ -43,7 +45,7 @@ def test_default_prefix_is_vf() -> None:
         (lambda s: s.result_msg_id("job-1", 7, 12), "r:job-1:7:12"),
     ],
 )
-def test_names_are_built_from_the_prefix(build, expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_names_are_built_from_the_prefix(build: Callable[[Subjects], str], expected: str) -> None:
     assert build(Subjects("t1")) == expected
 
 
