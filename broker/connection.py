@@ -11,7 +11,7 @@ import attrs
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from .errors import Disconnected, from_nats
+from .errors import Disconnected, TransientError, from_nats
 from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,17 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
     except Exception as exc:
         await nc.close()
-        raise Disconnected(f"cannot reach NATS at {settings.url}: {from_nats(exc)}") from exc
+        err = _connect_error(settings, exc)
+        if err is exc:
+            raise  # not a NATS failure (a bug): surface it unchanged
+        raise err from exc
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
     return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)
+
+
+def _connect_error(settings: BrokerSettings, exc: Exception) -> BaseException:
+    """What a failed first connect raises: Disconnected for a blip, else the mapped error."""
+    err = from_nats(exc)
+    if isinstance(err, TransientError):
+        return Disconnected(f"cannot reach NATS at {settings.url}: {err}")
+    return err
