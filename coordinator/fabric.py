@@ -25,7 +25,7 @@ from vramfabric.broker.errors import (
     JobFailed,
     JobTimeout,
     VramfabricError,
-    from_nats,
+    nats_errors,
 )
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
@@ -263,10 +263,8 @@ class Fabric:
 
     async def _publish_spec(self, spec: JobSpec) -> None:
         kv = await topology.jobs_bucket(self.conn.js, self.broker)
-        try:
+        with nats_errors():
             await kv.put(self.broker.subjects.job_key(spec.tenant, spec.job_id), encode(spec))
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def _grow(self, pool: LeasePool, results: ResultsConsumer, target: int) -> None:
         """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""

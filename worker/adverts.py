@@ -13,7 +13,7 @@ from nats.js.kv import KeyValue
 
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import VramfabricError, from_nats
+from vramfabric.broker.errors import VramfabricError, nats_errors
 from vramfabric.broker.messages import Event, Lease, NodeAdvert
 from vramfabric.broker.subjects import Subjects
 
@@ -80,11 +80,9 @@ class Heartbeat:
         self.metrics.leases_active.set(len(self.ledger))
         self.metrics.vram_allocated_bytes.set(self.ledger.leased_bytes)
         data = encode(attrs.evolve(self.ledger.advert(time.time()), **self.facts))
-        try:
+        with nats_errors():
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
             await self.kv.put(self.ledger.node, data)
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def goodbye(self) -> None:
         """Leave the fleet now: an advert with no GPUs for followers, and no KV entry."""

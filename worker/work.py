@@ -18,7 +18,7 @@ import attrs
 import nats.js.errors
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, from_nats
+from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
 from vramfabric.kernels.code import python_version
 
@@ -93,12 +93,11 @@ class WorkLoader:
         return Work(spec.kernel_kind, spec.kernel, spec.kernel_digest, blob)
 
     async def _fetch(self, digest: str) -> bytes:
-        try:
-            result = await self.store.get(digest)
-        except nats.js.errors.NotFoundError:
-            raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        with nats_errors():
+            try:
+                result = await self.store.get(digest)
+            except nats.js.errors.NotFoundError:
+                raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
         data = bytes(result.data or b"")
         if hashlib.sha256(data).hexdigest() != digest:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")
