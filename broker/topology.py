@@ -7,6 +7,7 @@ may call `ensure_*` at start-up. Configs live here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -120,7 +121,7 @@ async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: 
     ):
         # Retried while JetStream is not ready (a fresh or recovering cluster).
         await settings.call_retry.call(
-            lambda c=config: _ensure_stream_once(js, c), what=f"create stream {config.name}"
+            functools.partial(_ensure_stream_once, js, config), what=f"create stream {config.name}"
         )
 
 

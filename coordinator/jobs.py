@@ -7,6 +7,7 @@ stream and submits only the others; the work stream's dedup swallows chunks stil
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -196,7 +197,7 @@ async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpe
             {"subjects_filter": s.result_filter(spec.tenant, spec.job_id), "offset": offset}
         ).encode()
         info = await broker.call_retry.call(
-            lambda body=body: _stream_info(conn, broker, stream, body), what=f"info {stream}"
+            functools.partial(_stream_info, conn, broker, stream, body), what=f"info {stream}"
         )
         subjects = info.get("state", {}).get("subjects") or {}
         done.update(int(subj[len(prefix) :]) for subj in subjects)
