@@ -6,15 +6,14 @@ store, so a killed one restarts with its data and catches up from the others.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import tempfile
-import time
 from pathlib import Path
 
 import attrs
 
-from .errors import ServerError
+from .errors import ServerError, TransientError
+from .retrying import CallRetry
 from .server import NatsServer
 
 _CONFIG = """\
@@ -101,25 +100,23 @@ class LocalCluster:
 
     async def wait_jetstream(self, timeout_s: float = 30.0) -> None:
         """Wait until JetStream answers through the cluster (a meta leader is elected)."""
+        try:
+            await CallRetry(deadline_s=timeout_s).call(self._account_info, what="cluster jetstream")
+        except TransientError as exc:
+            raise ServerError(f"cluster JetStream not ready: {exc}") from exc
+
+    async def _account_info(self) -> None:
         import nats
 
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                nc = await nats.connect(
-                    servers=[u for u, s in zip(self.urls, self.servers, strict=True) if s.pid],
-                    connect_timeout=1,
-                    max_reconnect_attempts=1,
-                )
-                try:
-                    await nc.jetstream().account_info()
-                    return
-                finally:
-                    await nc.close()
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise ServerError(f"cluster JetStream not ready: {exc}") from exc
-            await asyncio.sleep(0.2)  # polling for a leader election
+        nc = await nats.connect(
+            servers=[u for u, s in zip(self.urls, self.servers, strict=True) if s.pid],
+            connect_timeout=1,
+            max_reconnect_attempts=1,
+        )
+        try:
+            await nc.jetstream().account_info()
+        finally:
+            await nc.close()
 
     def kill(self, index: int) -> None:
         """Kill -9 one server (its store stays for a restart)."""

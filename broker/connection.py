@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from .errors import Disconnected, PermissionDenied, from_nats
+from .errors import Disconnected, PermissionDenied, TransientError, from_nats
 from .settings import BrokerSettings
 from .subjects import Subjects
 
@@ -196,7 +196,10 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
                 f"NATS at {settings.url} refused the credentials of "
                 f"{settings.user or settings.creds_file or 'an anonymous client'}"
             ) from exc
-        raise Disconnected(f"cannot reach NATS at {settings.url}: {from_nats(exc)}") from exc
+        err = _connect_error(settings, exc)
+        if err is exc:
+            raise  # not a NATS failure (a bug): surface it unchanged
+        raise err from exc
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
     return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)
 
@@ -224,3 +227,11 @@ def _credentials(settings: BrokerSettings) -> dict[str, Any]:
     if settings.creds_file:
         options["user_credentials"] = settings.creds_file
     return options
+
+
+def _connect_error(settings: BrokerSettings, exc: Exception) -> BaseException:
+    """What a failed first connect raises: Disconnected for a blip, else the mapped error."""
+    err = from_nats(exc)
+    if isinstance(err, TransientError):
+        return Disconnected(f"cannot reach NATS at {settings.url}: {err}")
+    return err

@@ -7,7 +7,10 @@ error replies. `from_nats` is the single place where nats-py exceptions become o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import socket
+from collections.abc import Iterator
 from typing import ClassVar
 
 import nats.errors
@@ -202,25 +205,54 @@ class ServerError(PermanentError):
     """The embedded nats-server did not start or stop as asked."""
 
 
-def from_nats(exc: BaseException) -> VramfabricError:
-    """Map a nats-py (or asyncio timeout) exception onto the vramfabric tree."""
+def from_nats(exc: BaseException) -> BaseException:
+    """Map a nats-py (or asyncio timeout, network) exception onto the vramfabric tree.
+
+    Anything else (a bug such as a TypeError, a cancellation) is returned unchanged: it is
+    not a broker failure, so it must neither be retried nor be dressed as our error.
+    """
     if isinstance(exc, VramfabricError):
         return exc
     if isinstance(exc, nats.js.errors.APIError):
-        # err_code first: 10077 arrives as a 503 that must not be read as "retry".
-        err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
-        if err_code == ERR_CODE_RESULT_RECORDED:
-            return ResultAlreadyRecorded(str(exc))
-        # A 503 status header gives a ServiceUnavailableError with no code set.
-        if isinstance(exc, nats.js.errors.ServiceUnavailableError) or (code or 0) >= 500:
-            return Disconnected(f"jetstream unavailable: {exc}")
-        if isinstance(exc, nats.js.errors.NotFoundError | nats.js.errors.KeyNotFoundError):
-            return PermanentError(f"not found: {exc}")
-        return PermanentError(f"jetstream error: {exc}")
+        return _from_api_error(exc)
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return PermissionDenied(f"nats: {exc}")
+    if isinstance(exc, nats.errors.Error) and "permissions violation" in str(exc).lower():
+        return PermissionDenied(str(exc))
     if isinstance(exc, nats.errors.NoRespondersError):
         return Disconnected("no responders")
     if isinstance(exc, asyncio.TimeoutError | nats.errors.TimeoutError):
         return Disconnected("request timed out")
-    if isinstance(exc, nats.errors.Error | ConnectionError | OSError):
+    # Only network OSErrors: a FileNotFoundError or an OS PermissionError is not a blip.
+    if isinstance(exc, nats.errors.Error | ConnectionError | socket.gaierror) or (
+        type(exc) is OSError
+    ):
         return Disconnected(f"nats: {exc}")
-    return VramfabricError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _from_api_error(exc: nats.js.errors.APIError) -> VramfabricError:
+    # err_code first: 10077 arrives as a 503 that must not be read as "retry".
+    err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
+    if err_code == ERR_CODE_RESULT_RECORDED:
+        return ResultAlreadyRecorded(str(exc))
+    # A 503 status header gives a ServiceUnavailableError with no code set.
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError) or (code or 0) >= 500:
+        return Disconnected(f"jetstream unavailable: {exc}")
+    if code == 403:
+        return PermissionDenied(f"jetstream refused: {exc}")
+    if isinstance(exc, nats.js.errors.NotFoundError | nats.js.errors.KeyNotFoundError):
+        return PermanentError(f"not found: {exc}")
+    return PermanentError(f"jetstream error: {exc}")
+
+
+@contextlib.contextmanager
+def nats_errors() -> Iterator[None]:
+    """Raise nats-py errors from the block as ours (via `from_nats`); others pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        mapped = from_nats(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import attrs
 
 from . import discovery
+from .retrying import CallRetry
 from .subjects import Subjects
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -87,6 +88,16 @@ class BrokerSettings:
     request_timeout_s: float = 2.0
     # Adverts vanish from KV this long after a node's last heartbeat.
     node_ttl_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(1.0))
+    # How long a call to NATS (connect, publish, topology) retries transient failures, and
+    # its first and longest pause between tries (see broker/retrying.py).
+    retry_deadline_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    retry_pause_s: float = attrs.field(default=0.1, validator=attrs.validators.gt(0))
+    retry_max_pause_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+
+    @property
+    def call_retry(self) -> CallRetry:
+        """The retry policy for calls to NATS, with this deadline and these pauses."""
+        return CallRetry(self.retry_deadline_s, self.retry_pause_s, self.retry_max_pause_s)
 
     @property
     def subjects(self) -> Subjects:
@@ -115,4 +126,7 @@ class BrokerSettings:
             connect_timeout_s=env_float(environ, "VRAMFABRIC_CONNECT_TIMEOUT_S", 2.0),
             request_timeout_s=env_float(environ, "VRAMFABRIC_REQUEST_TIMEOUT_S", 2.0),
             node_ttl_s=env_float(environ, "VRAMFABRIC_NODE_TTL_S", 5.0),
+            retry_deadline_s=env_float(environ, "VRAMFABRIC_RETRY_DEADLINE_S", 30.0),
+            retry_pause_s=env_float(environ, "VRAMFABRIC_RETRY_PAUSE_S", 0.1),
+            retry_max_pause_s=env_float(environ, "VRAMFABRIC_RETRY_MAX_PAUSE_S", 1.0),
         )

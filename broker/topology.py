@@ -6,9 +6,9 @@ may call `ensure_*` at start-up. Configs live here and nowhere else.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -28,15 +28,13 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from .errors import Disconnected, PermissionDenied, from_nats
+from .errors import PermissionDenied, nats_errors
 from .messages import JobSpec
 from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# How long creating a stream, bucket or consumer waits for JetStream to be ready.
-PATIENCE_S = 30.0
 
 # Publishers retry with the same Nats-Msg-Id inside this window and stay idempotent.
 DUPLICATE_WINDOW_S = 120.0
@@ -125,7 +123,10 @@ async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: 
         results_stream_config(settings, tenant),
         dead_stream_config(settings, tenant),
     ):
-        await _ensure_stream(js, config)
+        # Retried while JetStream is not ready (a fresh or recovering cluster).
+        await settings.call_retry.call(
+            functools.partial(_ensure_stream_once, js, config), what=f"create stream {config.name}"
+        )
 
 
 async def provision(js: JetStreamContext, settings: BrokerSettings, tenants: list[str]) -> None:
@@ -139,39 +140,19 @@ async def provision(js: JetStreamContext, settings: BrokerSettings, tenants: lis
         await outputs_store(js, settings, tenant)
 
 
-async def _patient(make: Callable[[], Awaitable[T]]) -> T:
-    """Retry a topology call while JetStream is not ready (a fresh or recovering cluster)."""
-    deadline = time.monotonic() + PATIENCE_S
-    while True:
-        try:
-            return await make()
-        except Disconnected as exc:
-            if time.monotonic() > deadline:
-                raise
-            log.info("jetstream not ready, retrying error=%s", exc)
-            await asyncio.sleep(0.5)  # retry pause while a leader is elected
-
-
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
-    await _patient(lambda: _ensure_stream_once(js, config))
-
 
 async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
     except PermissionDenied:
         # Not ours to create: it must exist already (provisioned by the operator).
-        try:
+        with nats_errors():
             await js.stream_info(str(config.name))
-        except Exception as exc:
-            raise from_nats(exc) from exc
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
-            raise from_nats(exc) from exc
+            raise
         # Exists with another config (e.g. replicas changed): keep it, log the difference.
         log.warning("stream exists with a different config stream=%s", config.name)
-    except Exception as exc:
-        raise from_nats(exc) from exc
 
 
 async def ensure_job_consumer(
@@ -179,14 +160,10 @@ async def ensure_job_consumer(
 ) -> None:
     """Create the job's shared durable pull consumer (idempotent)."""
     stream = settings.subjects.work_stream(spec.tenant)
-
-    async def add() -> None:
-        try:
-            await js.add_consumer(stream, job_consumer_config(settings, spec))
-        except Exception as exc:
-            raise from_nats(exc) from exc
-
-    await _patient(add)
+    config = job_consumer_config(settings, spec)
+    await settings.call_retry.call(
+        lambda: js.add_consumer(stream, config), what=f"create consumer {config.durable_name}"
+    )
 
 
 async def delete_job_consumer(
@@ -194,12 +171,8 @@ async def delete_job_consumer(
 ) -> None:
     """Delete a finished job's consumer; a missing one is fine."""
     s = settings.subjects
-    try:
+    with nats_errors(), contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_consumer(s.work_stream(tenant), s.job_consumer(job))
-    except nats.js.errors.NotFoundError:
-        pass
-    except Exception as exc:
-        raise from_nats(exc) from exc
 
 
 async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
@@ -212,14 +185,17 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
         storage=StorageType.FILE,  # a restarted server must still know the fleet
         replicas=settings.replicas,
     )
-    return await _bucket(js, config)
+    return await _bucket(js, settings, config)
 
 
-async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
-    return await _patient(
+async def _bucket(
+    js: JetStreamContext, settings: BrokerSettings, config: KeyValueConfig
+) -> KeyValue:
+    return await settings.call_retry.call(
         lambda: _create_or_share(
             lambda: js.create_key_value(config), lambda: js.key_value(config.bucket), config.bucket
-        )
+        ),
+        what=f"create bucket {config.bucket}",
     )
 
 
@@ -234,15 +210,10 @@ async def _create_or_share(
         log.debug("not allowed to create bucket=%s; using the existing one", name)
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
-            raise from_nats(exc) from exc
+            raise
         # Say a longer node TTL, or defaults the server filled in: theirs is as good.
         log.info("bucket exists with a different config bucket=%s", name)
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    try:
-        return await existing()
-    except Exception as exc:
-        raise from_nats(exc) from exc
+    return await existing()
 
 
 def _plain_bucket(settings: BrokerSettings, name: str) -> KeyValueConfig:
@@ -255,7 +226,7 @@ def _plain_bucket(settings: BrokerSettings, name: str) -> KeyValueConfig:
 
 async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
     """The job-spec bucket (`<tenant>.<job>` keys)."""
-    return await _bucket(js, _plain_bucket(settings, settings.subjects.jobs_bucket()))
+    return await _bucket(js, settings, _plain_bucket(settings, settings.subjects.jobs_bucket()))
 
 
 async def kernels_store(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> ObjectStore:
@@ -270,16 +241,18 @@ async def outputs_store(js: JetStreamContext, settings: BrokerSettings, tenant: 
 
 async def checkpoints_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
     """The checkpoints bucket (`<tenant>.<job>.<chunk>` keys, deleted with the result)."""
-    return await _bucket(js, _plain_bucket(settings, settings.subjects.checkpoints_bucket()))
+    name = settings.subjects.checkpoints_bucket()
+    return await _bucket(js, settings, _plain_bucket(settings, name))
 
 
 async def _object_store(js: JetStreamContext, settings: BrokerSettings, name: str) -> ObjectStore:
     config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=settings.replicas)
-    return await _patient(
+    return await settings.call_retry.call(
         lambda: _create_or_share(
             # nats-py overwrites config.bucket with its `bucket` argument: pass both.
             lambda: js.create_object_store(bucket=name, config=config),
             lambda: js.object_store(name),
             name,
-        )
+        ),
+        what=f"create object store {name}",
     )

@@ -46,6 +46,7 @@ class ExhaustedWatcher:
             s.max_deliveries(work, s.job_consumer(self.spec.job_id)),
             s.dead_stream(self.spec.tenant),
             self._on_advisory,
+            self.broker.call_retry,
         )
         await self._follower.start()
 

@@ -26,7 +26,7 @@ from vramfabric.broker.errors import (
     JobTimeout,
     PermissionDenied,
     VramfabricError,
-    from_nats,
+    nats_errors,
 )
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
@@ -313,10 +313,8 @@ class Fabric:
             # With auth on, the operator made the bucket and a tenant may not even look at it.
             await topology.jobs_bucket(self.conn.js, self.broker)
         subject = self.broker.subjects.job_spec(spec.tenant, spec.job_id)
-        try:
+        with nats_errors():
             await self.conn.js.publish(subject, encode(spec))
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def _grow(self, pool: LeasePool, results: ResultsConsumer, target: int) -> None:
         """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""

@@ -21,7 +21,7 @@ from nats.js.errors import NoKeysError
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage, from_nats, nats_errors
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
@@ -53,12 +53,11 @@ class FleetView:
 
     async def _load(self) -> None:
         kv = await topology.nodes_bucket(self.conn.js, self.broker)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        with nats_errors():
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                return
         for key in keys:
             try:
                 entry = await kv.get(key)

@@ -18,7 +18,8 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import from_nats
+from vramfabric.broker.errors import PermanentError, TransientError, from_nats, nats_errors
+from vramfabric.broker.retrying import CallRetry
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class Follower:
     subject: str
     stream: str
     handler: Callable[[Msg], Awaitable[None]]
+    # Its deadline is ignored: a follower resubscribes for as long as it runs.
+    retry: CallRetry
     _next_seq: int = attrs.field(default=1, init=False)
     _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
     _resubscribing: asyncio.Task[None] | None = attrs.field(default=None, init=False)
@@ -64,7 +67,7 @@ class Follower:
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._next_seq
         )
-        try:
+        with nats_errors():
             self._sub = await self.conn.js.subscribe(
                 self.subject,
                 stream=self.stream,
@@ -73,8 +76,6 @@ class Follower:
                 idle_heartbeat=_IDLE_HEARTBEAT_S,
                 cb=self._on_msg,
             )
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def _on_msg(self, msg: Msg) -> None:
         self._next_seq = msg.metadata.sequence.stream + 1
@@ -86,16 +87,21 @@ class Follower:
 
     async def _resubscribe(self) -> None:
         await self._unsubscribe()
-        while self._running:
-            try:
-                await self._subscribe()
-                log.info(
-                    "follower resubscribed subject=%s from_seq=%d", self.subject, self._next_seq
-                )
-                return
-            except Exception as exc:  # the stream may still be electing a leader: retry
-                log.warning("follower resubscribe failed subject=%s error=%s", self.subject, exc)
-                await asyncio.sleep(0.5)  # retry pause while the server recovers
+        # No deadline: the stream may be electing a leader or its server restarting, and
+        # a follower that gave up would miss every later message.
+        try:
+            await self.retry.within(None).call(
+                self._subscribe,
+                what=f"resubscribe {self.subject}",
+                give_up=lambda: not self._running,
+            )
+        except TransientError:
+            return  # stopped meanwhile
+        except PermanentError as exc:
+            # Refused for good (a permission or a deleted stream): retrying cannot help.
+            log.error("follower cannot resubscribe subject=%s error=%s", self.subject, exc)
+            return
+        log.info("follower resubscribed subject=%s from_seq=%d", self.subject, self._next_seq)
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None

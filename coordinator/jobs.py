@@ -7,18 +7,19 @@ stream and submits only the others; the work stream's dedup swallows chunks stil
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import nats.js.errors
 
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import Disconnected, from_nats
+from vramfabric.broker.errors import Disconnected, TransientError, from_nats, nats_errors
 from vramfabric.broker.messages import Chunk, JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
@@ -30,11 +31,8 @@ from .work import JobWork, Work, job_work
 
 log = logging.getLogger(__name__)
 
-# Chunks not acked by this long after submission starts make the job fail to submit.
-_PUBLISH_DEADLINE_S = 60.0
 # One publish's ack is awaited this long before the chunk is published again.
 _ACK_WAIT_S = 5.0
-_REPUBLISH_PAUSE_S = 0.5
 # Async publishes in flight at once (the JetStream context allows 1024 pending acks).
 _WINDOW = 1000
 
@@ -122,28 +120,32 @@ async def submit_chunks(
 
     Publishes are asynchronous in a window bounded by the JetStream context's
     `publish_async_max_pending`. Chunks whose ack does not come (a stream leader lost, say)
-    are published again with the same `Nats-Msg-Id`, which the stream deduplicates, until
-    the submission deadline.
+    are published again with the same `Nats-Msg-Id`, which the stream deduplicates, under
+    the broker's call retry policy.
 
     Raises:
-        Disconnected: some chunks were still not acked at the deadline.
+        Disconnected: some chunks were still not acked at the retry deadline.
+        PermanentError: the stream refused a chunk for good (a permission error, say).
     """
-    deadline = time.monotonic() + _PUBLISH_DEADLINE_S
     pending, duplicates = list(indices), 0
-    while pending:
+
+    async def publish_pending() -> None:
+        nonlocal pending, duplicates
         outcomes = await _publish_round(conn, broker, spec, inputs, pending, rerun)
         duplicates += sum(1 for o in outcomes if not isinstance(o, BaseException) and o.duplicate)
-        failed = [i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)]
-        if failed and time.monotonic() > deadline:
-            raise Disconnected(
-                f"job {spec.job_id}: {len(failed)} chunk(s) not acked: {from_nats(outcomes[-1])}"
-            )
-        if failed:
-            log.warning(
-                "chunk publishes not acked, retrying job=%s count=%d", spec.job_id, len(failed)
-            )
-            await asyncio.sleep(_REPUBLISH_PAUSE_S)  # pause while the stream elects a leader
-        pending = failed
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        pending = [
+            i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)
+        ]
+        for exc in errors:
+            if not isinstance(from_nats(exc), TransientError):
+                with nats_errors():
+                    raise exc  # refused for good, or a bug: no republishing fixes it
+        if errors:
+            last = from_nats(errors[-1])
+            raise Disconnected(f"job {spec.job_id}: {len(errors)} chunk(s) not acked: {last}")
+
+    await broker.call_retry.call(publish_pending, what=f"submit chunks job={spec.job_id}")
     return duplicates
 
 
@@ -194,17 +196,23 @@ async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpe
         body = json.dumps(
             {"subjects_filter": s.result_filter(spec.tenant, spec.job_id), "offset": offset}
         ).encode()
-        try:
-            reply = await conn.nc.request(
-                s.stream_info_api(stream), body, timeout=broker.request_timeout_s
-            )
-        except Exception as exc:
-            raise from_nats(exc) from exc
-        info = json.loads(reply.data)
-        if "error" in info:
-            raise Disconnected(f"stream info for {stream} failed: {info['error']}")
+        info = await broker.call_retry.call(
+            functools.partial(_stream_info, conn, broker, stream, body), what=f"info {stream}"
+        )
         subjects = info.get("state", {}).get("subjects") or {}
         done.update(int(subj[len(prefix) :]) for subj in subjects)
         offset += len(subjects)
         if not subjects or offset >= int(info.get("total", 0)):
             return {i for i in done if i < spec.n_chunks}
+
+
+async def _stream_info(
+    conn: Connection, broker: BrokerSettings, stream: str, body: bytes
+) -> dict[str, Any]:
+    """One raw STREAM.INFO call; an error reply raises the matching nats-py API error."""
+    api = broker.subjects.stream_info_api(stream)
+    reply = await conn.nc.request(api, body, timeout=broker.request_timeout_s)
+    info: dict[str, Any] = json.loads(reply.data)
+    if "error" in info:
+        nats.js.errors.APIError.from_error(info["error"])
+    return info

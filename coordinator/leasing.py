@@ -19,7 +19,7 @@ import attrs
 
 from vramfabric.broker.codec import RemoteError, decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import VramfabricError, from_nats
+from vramfabric.broker.errors import InvalidMessage, TransientError
 from vramfabric.broker.messages import (
     MAX_LEASE_IDS,
     Lease,
@@ -40,7 +40,6 @@ from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 
-_RETRY_PAUSE_S = 0.05
 # Renew/release requests in flight at once over all nodes, and to any one node. A node serves
 # its requests one at a time, so a second batch in flight to it would only wait in its queue
 # while its request timeout runs; a wire round trip is small next to serving 10k ids.
@@ -136,27 +135,11 @@ class LeasePool:
             slice_bytes=self.settings.slice_bytes,
             ttl_s=self.settings.lease_ttl_s,
         )
-        subject = self.broker.subjects.lease(self.settings.tenant, node, "acquire")
-        data = encode(req)
-        # One retry with the same request_id: the node answers it with the same grant.
+        # A retry carries the same request_id: the node answers it with the same grant.
         round_trip = self.metrics.lease_acquire_seconds.labels(tenant=self.settings.tenant)
-        for attempt in (1, 2):
-            try:
-                with round_trip.time():
-                    reply = await self.conn.nc.request(
-                        subject, data, timeout=self.broker.request_timeout_s
-                    )
-                grant = decode(LeaseGrant, reply.data)
-                break
-            except RemoteError as exc:
-                log.warning("lease request refused node=%s error=%s", node, exc)
-                return []
-            except Exception as exc:
-                err = from_nats(exc)
-                log.warning("lease request failed node=%s attempt=%d error=%s", node, attempt, err)
-                # A node that has just started can be briefly unknown to the server.
-                await asyncio.sleep(_RETRY_PAUSE_S)
-        else:
+        with round_trip.time():
+            grant = await self._call(node, "acquire", req, LeaseGrant)
+        if not isinstance(grant, LeaseGrant):
             return []
         if grant.denied:
             self.denials += 1
@@ -258,14 +241,22 @@ class LeasePool:
         return await asyncio.gather(*(one(node, req) for node, req in requests))
 
     async def _call(self, node: str, op: str, req: object, reply_type: type) -> object:
+        """The node's decoded reply, or None (logged) if it failed or refused.
+
+        Transient failures are retried within one request timeout (a node that has just
+        started can be briefly unknown to the server); a node that stays silent is left to
+        the next round. A permission error or a bug surfaces.
+        """
         subject = self.broker.subjects.lease(self.settings.tenant, node, op)
-        try:
-            reply = await self.conn.nc.request(
-                subject, encode(req), timeout=self.broker.request_timeout_s
-            )
+        data = encode(req)
+
+        async def ask() -> object:
+            reply = await self.conn.nc.request(subject, data, timeout=self.broker.request_timeout_s)
             return decode(reply_type, reply.data)
-        except VramfabricError as exc:
+
+        policy = self.broker.call_retry.within(self.broker.request_timeout_s)
+        try:
+            return await policy.call(ask, what=f"lease {op} node={node}")
+        except (TransientError, RemoteError, InvalidMessage) as exc:
             log.warning("lease %s failed node=%s error=%s", op, node, exc)
-        except Exception as exc:
-            log.warning("lease %s failed node=%s error=%s", op, node, from_nats(exc))
         return None

@@ -14,7 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage, nats_errors
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -35,22 +35,18 @@ async def failed_chunks(
         deliver_policy=DeliverPolicy.ALL,
         inactive_threshold=30.0,
     )
-    try:
+    with nats_errors():
         sub = await conn.js.pull_subscribe(
             s.result_filter(spec.tenant, spec.job_id),
             stream=s.results_stream(spec.tenant),
             config=config,
         )
-    except Exception as exc:
-        raise from_nats(exc) from exc
     failed: list[int] = []
     seen = 0
     try:
         while seen < n_stored:
-            try:
+            with nats_errors():
                 msgs = await sub.fetch(_BATCH, timeout=broker.request_timeout_s)
-            except Exception as exc:
-                raise from_nats(exc) from exc
             seen += len(msgs)
             failed += [i for m in msgs if (i := _failed_index(m.data, m.subject)) is not None]
     finally:
@@ -75,9 +71,7 @@ async def reopen(
     s = broker.subjects
     stream = s.results_stream(spec.tenant)
     for index in indices:
-        try:
+        with nats_errors():
             await conn.js.purge_stream(stream, subject=s.result(spec.tenant, spec.job_id, index))
-        except Exception as exc:
-            raise from_nats(exc) from exc
     if indices:
         log.info("failed chunks reopened job=%s count=%d", spec.job_id, len(indices))

@@ -76,6 +76,7 @@ class ResultsConsumer:
             s.result_filter(self.spec.tenant, self.spec.job_id),
             s.results_stream(self.spec.tenant),
             self._on_msg,
+            self.broker.call_retry,
         )
         await self._follower.start()
 

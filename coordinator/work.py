@@ -14,7 +14,7 @@ import attrs
 import nats.js.errors
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker.errors import from_nats
+from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.kernels import Kernel
 from vramfabric.kernels.code import (
@@ -101,17 +101,13 @@ async def upload(store: ObjectStore, work: JobWork) -> bool:
     """Put the work's blob in the kernels store unless it is there; True if it was put."""
     if work.blob is None:
         return False
-    try:
-        await store.get_info(work.digest)
-        return False
-    except nats.js.errors.NotFoundError:
-        pass
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    try:
+    with nats_errors():
+        try:
+            await store.get_info(work.digest)
+            return False
+        except nats.js.errors.NotFoundError:
+            pass
         await store.put(work.digest, work.blob)
-    except Exception as exc:
-        raise from_nats(exc) from exc
     log.info(
         "work uploaded kind=%s digest=%s bytes=%d", work.kind, work.digest[:12], len(work.blob)
     )

@@ -26,8 +26,6 @@ from .metrics import WorkerMetrics
 from .settings import WorkerSettings
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
-# How long a starting worker keeps trying to reach NATS before it gives up.
-CONNECT_PATIENCE_S = 30.0
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 log = logging.getLogger(__name__)
 
@@ -118,16 +116,8 @@ async def check(broker: BrokerSettings, node: str) -> int:
 
 
 async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
-    """Connect, retrying for a while: a node may start before its servers do."""
-    deadline = time.monotonic() + CONNECT_PATIENCE_S
-    while True:
-        try:
-            return await connect(broker, name=name)
-        except Disconnected as exc:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("nats not reachable yet, retrying error=%s", exc)
-            await asyncio.sleep(1.0)  # retry pause before the next connect
+    """Connect, retrying within the broker's retry deadline: a node may start before NATS."""
+    return await broker.call_retry.call(lambda: connect(broker, name=name), what="connect")
 
 
 async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:

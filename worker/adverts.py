@@ -13,7 +13,7 @@ from nats.js.kv import KeyValue
 
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import VramfabricError, from_nats
+from vramfabric.broker.errors import VramfabricError, nats_errors
 from vramfabric.broker.messages import Event, Lease, NodeAdvert
 from vramfabric.broker.subjects import Subjects
 
@@ -82,11 +82,9 @@ class Heartbeat:
         self.metrics.set_holding(self.ledger.holding())
         advert = attrs.evolve(self.ledger.advert(time.time()), **self.facts, **self.live_facts())
         data = encode(advert)
-        try:
+        with nats_errors():
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
             await self.kv.put(self.ledger.node, data)
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def goodbye(self) -> None:
         """Leave the fleet now: an advert with no GPUs for followers, and no KV entry."""

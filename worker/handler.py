@@ -20,7 +20,6 @@ from prometheus_client import Counter, Histogram
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
-    Disconnected,
     InvalidMessage,
     LeaseExpired,
     ResultAlreadyRecorded,
@@ -37,10 +36,6 @@ from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-
-# A computed result is republished for this long before the chunk is given up to redelivery.
-RESULT_PATIENCE_S = 15.0
-RESULT_RETRY_PAUSE_S = 0.25
 
 
 @attrs.define
@@ -155,24 +150,19 @@ class ChunkHandler:
     async def _publish_patiently(self, result: ChunkResult, work_seq: int) -> None:
         # While the results stream elects a leader, keep the computed result and retry,
         # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
-        deadline = time.monotonic() + max(self.spec.ack_wait_s, RESULT_PATIENCE_S)
-        while True:
-            try:
-                await self._publish(result, work_seq)
-                return
-            except Disconnected:
-                if time.monotonic() > deadline or self.stopping():
-                    raise
-                await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
+        policy = self.broker.call_retry
+        policy = policy.within(max(self.spec.ack_wait_s, policy.deadline_s or 0.0))
+        await policy.call(
+            lambda: self._publish(result, work_seq),
+            what=f"publish result job={self.job} index={result.index}",
+            give_up=self.stopping,
+        )
 
     async def _publish(self, result: ChunkResult, work_seq: int) -> None:
         subject = self.broker.subjects.result(self.spec.tenant, self.job, result.index)
         msg_id = self.broker.subjects.result_msg_id(self.job, result.index, work_seq)
         headers = {HEADER_MSG_ID: msg_id}
-        try:
-            ack = await self.conn.js.publish(subject, encode(result), headers=headers)
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        ack = await self.conn.js.publish(subject, encode(result), headers=headers)
         if ack.duplicate:
             raise ResultAlreadyRecorded(subject)
 

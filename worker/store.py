@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import topology
-from vramfabric.broker.errors import from_nats
+from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -43,39 +43,32 @@ class ChunkStore:
     async def load_checkpoint(self, tenant: str, job: str, index: int) -> bytes | None:
         """The chunk's last checkpoint, or None."""
         kv = await self._bucket()
-        try:
-            entry = await kv.get(self._key(tenant, job, index))
-        except nats.js.errors.NotFoundError:
-            return None
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        with nats_errors():
+            try:
+                entry = await kv.get(self._key(tenant, job, index))
+            except nats.js.errors.NotFoundError:
+                return None
         return entry.value or None
 
     async def save_checkpoint(self, tenant: str, job: str, index: int, state: bytes) -> None:
         """Store the chunk's checkpoint (replacing the last one)."""
         kv = await self._bucket()
-        try:
+        with nats_errors():
             await kv.put(self._key(tenant, job, index), state)
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def delete_checkpoint(self, tenant: str, job: str, index: int) -> None:
         """Forget the chunk's checkpoints (its result is stored)."""
         kv = await self._bucket()
-        try:
+        with nats_errors():
             await kv.purge(self._key(tenant, job, index))
-        except Exception as exc:
-            raise from_nats(exc) from exc
 
     async def put_output(self, tenant: str, job: str, index: int, output: bytes) -> str:
         """Store a large output; return the object's name."""
         name = self.broker.subjects.output_object(job, index)
-        try:
-            store = self._outputs.get(tenant)
-            if store is None:
-                store = await topology.outputs_store(self.js, self.broker, tenant)
-                self._outputs[tenant] = store
+        store = self._outputs.get(tenant)
+        if store is None:
+            store = await topology.outputs_store(self.js, self.broker, tenant)
+            self._outputs[tenant] = store
+        with nats_errors():
             await store.put(name, output)
-        except Exception as exc:
-            raise from_nats(exc) from exc
         return name

@@ -19,7 +19,7 @@ import attrs
 import nats.js.errors
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, from_nats
+from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
 from vramfabric.kernels.code import python_version
 
@@ -113,15 +113,14 @@ class WorkLoader:
 
     async def _fetch(self, key: BlobKey) -> bytes:
         tenant, digest = key
-        try:
-            store = self._stores.get(tenant)
-            if store is None:
-                store = self._stores[tenant] = await self.open_store(tenant)
-            result = await store.get(digest)
-        except nats.js.errors.NotFoundError:
-            raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
-        except Exception as exc:
-            raise from_nats(exc) from exc
+        with nats_errors():
+            try:
+                store = self._stores.get(tenant)
+                if store is None:
+                    store = self._stores[tenant] = await self.open_store(tenant)
+                result = await store.get(digest)
+            except nats.js.errors.NotFoundError:
+                raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
         data = bytes(result.data or b"")
         if hashlib.sha256(data).hexdigest() != digest:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")

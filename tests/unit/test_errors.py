@@ -94,11 +94,48 @@ def test_vramfabric_errors_pass_through_unchanged() -> None:
     assert e.from_nats(original) is original
 
 
-def test_unrelated_exceptions_become_the_root_error_with_their_type_named() -> None:
-    mapped = e.from_nats(RuntimeError("odd"))
-    assert type(mapped) is e.VramfabricError
-    assert str(mapped) == "RuntimeError: odd"
-    assert mapped.kind is ErrorKind.ERROR
+@pytest.mark.parametrize(
+    "exc",
+    [RuntimeError("odd"), TypeError("bad arg"), KeyError("k"), FileNotFoundError("f")],
+    ids=lambda x: type(x).__name__,
+)
+def test_unrelated_exceptions_pass_through_unchanged(exc: Exception) -> None:
+    # A bug is not a broker failure: it must not be retried nor dressed as our root error.
+    assert e.from_nats(exc) is exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        nats.errors.Error('nats: permissions violation for publish to "vf.work.b.j1"'),
+        nats.errors.AuthorizationError(),
+        nats.js.errors.APIError(code=403, description="forbidden"),
+    ],
+    ids=["publish-violation", "authorization", "api-403"],
+)
+def test_permission_refusals_are_permission_denied(exc: Exception) -> None:
+    mapped = e.from_nats(exc)
+    assert isinstance(mapped, e.PermissionDenied)
+    assert isinstance(mapped, e.PermanentError)
+
+
+def test_nats_errors_raises_ours_from_the_original() -> None:
+    original = nats.errors.NoRespondersError()
+    with pytest.raises(e.Disconnected) as info, e.nats_errors():
+        raise original
+    assert info.value.__cause__ is original
+
+
+def test_nats_errors_lets_unknown_and_our_errors_through_unchanged() -> None:
+    bug = TypeError("unsupported operand")
+    with pytest.raises(TypeError) as info, e.nats_errors():
+        raise bug
+    assert info.value is bug
+    assert info.value.__cause__ is None
+    ours = e.LeaseExpired("l1")
+    with pytest.raises(e.LeaseExpired) as got, e.nats_errors():
+        raise ours
+    assert got.value is ours
 
 
 @pytest.mark.parametrize("cls", [e.Disconnected, e.LeaseExpired, e.LeaseDenied])

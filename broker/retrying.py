@@ -1,0 +1,115 @@
+"""CallRetry: the one policy for calls to NATS that may fail for a moment.
+
+Connects, publishes, resubscribes, topology calls and lease requests all go through
+`CallRetry.call`. Only a `TransientError` (a nats-py failure that `nats_errors` maps to one,
+such as a timeout, no responders or a 503 during a leader election) is tried again, after a
+jittered exponential pause, until the deadline. A permanent error (`PermissionDenied`, a
+refused request) and any exception that is not ours (a bug such as a TypeError) surface at
+once, unchanged.
+
+This is not the chunk `RetryPolicy` (broker/retry.py): that one travels in the JobSpec and
+tells JetStream when to deliver a chunk again; this one retries a single client call here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import attrs
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity.stop import stop_any, stop_base, stop_before_delay, stop_never
+from tenacity.wait import wait_random_exponential
+
+from .errors import TransientError, nats_errors
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attr.name} must be > 0, got {value}")
+
+
+def _positive_or_none(inst: object, attr: attrs.Attribute[float], value: float | None) -> None:
+    if value is not None:
+        _positive(inst, attr, value)
+
+
+class _GiveUp(stop_base):
+    """Stop retrying once `give_up()` says the caller no longer wants the result."""
+
+    def __init__(self, give_up: Callable[[], bool]) -> None:
+        self._give_up = give_up
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self._give_up()
+
+
+@attrs.frozen
+class CallRetry:
+    """Retry a call's transient failures with full-jitter exponential pauses, up to a deadline.
+
+    The n-th pause is drawn uniformly from `[0, min(max_pause_s, pause_s * 2**(n-1))]`, so
+    clients that lost the same server do not come back in step. No attempt starts after
+    `deadline_s` (None: retry until `give_up`); an attempt in flight is bounded by its own
+    timeout.
+    """
+
+    deadline_s: float | None = attrs.field(default=30.0, validator=_positive_or_none)
+    pause_s: float = attrs.field(default=0.1, validator=_positive)
+    max_pause_s: float = attrs.field(default=1.0, validator=_positive)
+
+    def within(self, deadline_s: float | None) -> CallRetry:
+        """The same pauses with another deadline (None: no deadline)."""
+        return attrs.evolve(self, deadline_s=deadline_s)
+
+    async def call(
+        self,
+        make: Callable[[], Awaitable[T]],
+        *,
+        what: str,
+        give_up: Callable[[], bool] | None = None,
+    ) -> T:
+        """Await `make()` until it succeeds; raise its last error when retrying ends.
+
+        `make` is called afresh for every attempt. nats-py errors it raises are mapped onto
+        ours first; `what` names the call in the WARNING logged before each pause.
+
+        Raises:
+            TransientError: the call still failed at the deadline (or when `give_up()` said so).
+            PermanentError: at once, on the first permanent failure.
+        """
+        stops: list[stop_base] = [
+            stop_never if self.deadline_s is None else stop_before_delay(self.deadline_s)
+        ]
+        if give_up is not None:
+            stops.append(_GiveUp(give_up))
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientError),
+            stop=stop_any(*stops),
+            wait=wait_random_exponential(multiplier=self.pause_s, max=self.max_pause_s),
+            before_sleep=lambda state: _log_retry(what, state),
+            reraise=True,
+        )
+
+        async def attempt() -> T:
+            with nats_errors():
+                return await make()
+
+        return await retrying(attempt)
+
+
+def _log_retry(what: str, state: RetryCallState) -> None:
+    """One WARNING per pause, without a traceback: a retry is expected, not a failure."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    log.warning(
+        "retrying what=%s attempt=%d pause=%.3fs error=%s",
+        what,
+        state.attempt_number,
+        state.upcoming_sleep,
+        error,
+    )
