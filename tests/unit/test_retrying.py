@@ -91,11 +91,12 @@ async def test_no_attempt_starts_after_the_deadline() -> None:
     # When it runs under the policy
     with pytest.raises(e.Disconnected) as info:
         await policy.call(call, what="connect")
-    # Then it was tried several times, every try began before the deadline,
-    # and the last error surfaced as ours, caused by nats-py's
+    # Then it was tried several times, every try began before the deadline (give or take
+    # the event loop's lateness on a loaded machine: a pause may end late, never start one
+    # that ends past the deadline), and the last error surfaced as ours, caused by nats-py's
     assert len(call.calls) > 2
-    assert all(t - started < 0.3 for t in call.calls)
-    assert time.monotonic() - started < 0.3 + 0.5
+    assert all(t - started < 0.3 + 0.2 for t in call.calls)
+    assert time.monotonic() - started < 0.3 + 0.7
     assert isinstance(info.value.__cause__, nats.errors.NoRespondersError)
 
 
