@@ -160,7 +160,8 @@ class Fabricated:
                 accounts = auth.accounts(self.users, Subjects(self.prefix))
                 extra = f"accounts: {json.dumps(accounts)}\n"
             self.server = LocalCluster(size=3, extra_config=extra).start()
-            await self.server.wait_jetstream(*(operator or (None, None)))
+            user, password = operator or (None, None)
+            await self.server.wait_jetstream(user=user, password=password)
         elif self.users is not None and self._auth_dir is not None:
             config = Path(self._auth_dir.name) / "server.json"
             auth.write_config(self.users, Subjects(self.prefix), config, port=-1)
