@@ -2,6 +2,7 @@
 
     python bench/chaos.py                      # 20 runs of worker_kill, 5 of the others
     python bench/chaos.py --scenario server_kill --runs 2
+    python bench/chaos.py --auth               # the same with a generated tenants config
 
 Each run is a fresh fabric of real processes (nats-server or a 3-server cluster, 4 worker
 processes) and one 1000-chunk job; see tests/chaos/harness.py for what each fault does.
@@ -30,6 +31,7 @@ def summarise(scenario: str, outcomes: list[Outcome]) -> dict[str, object]:
     return {
         "bench": "chaos",
         "scenario": scenario,
+        "auth": outcomes[0].auth if outcomes else False,
         "runs": len(outcomes),
         "chunks_per_run": outcomes[0].chunks if outcomes else 0,
         "jobs_completed": sum(o.completed for o in outcomes),
@@ -49,11 +51,13 @@ def summarise(scenario: str, outcomes: list[Outcome]) -> dict[str, object]:
     }
 
 
-async def main(scenarios: list[str], runs: int | None, n: int) -> None:
+async def main(scenarios: list[str], runs: int | None, n: int, with_auth: bool) -> None:
     """Run the matrix, printing each scenario's line as soon as it is done."""
     for scenario in scenarios:
         count = runs or DEFAULT_RUNS.get(scenario, 5)
-        outcomes = [await run_scenario(scenario, n=n, seed=i) for i in range(count)]
+        outcomes = [
+            await run_scenario(scenario, n=n, seed=i, with_auth=with_auth) for i in range(count)
+        ]
         print(json.dumps(summarise(scenario, outcomes)), flush=True)
 
 
@@ -66,5 +70,8 @@ if __name__ == "__main__":
         "--runs", type=int, help="runs per scenario (default 20 worker_kill, 5 others)"
     )
     parser.add_argument("--n", type=int, default=1000, help="chunks per job")
+    parser.add_argument(
+        "--auth", action="store_true", help="servers run a generated tenants config (auth on)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.scenario or list(SCENARIOS), args.runs, args.n))
+    asyncio.run(main(args.scenario or list(SCENARIOS), args.runs, args.n, args.auth))

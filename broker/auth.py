@@ -147,6 +147,12 @@ def server_config(
     The operator has no permission limits. The config is JSON, which nats-server's
     config parser reads as it is (no escaping rules of our own to get wrong).
     """
+    config = {"listen": f"{host}:{port}", "jetstream": {}, "accounts": accounts(tenants, subjects)}
+    return json.dumps(config, indent=2)
+
+
+def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
+    """The `accounts` block alone: one JetStream account holding every user (for clusters)."""
     users = [
         _user(OPERATOR_USER, tenants.operator, None),
         _user(
@@ -156,12 +162,7 @@ def server_config(
         ),
         *(_tenant_user(subjects, t) for t in tenants.tenants),
     ]
-    config = {
-        "listen": f"{host}:{port}",
-        "jetstream": {},
-        "accounts": {"FABRIC": {"jetstream": "enabled", "users": users}},
-    }
-    return json.dumps(config, indent=2)
+    return {"FABRIC": {"jetstream": "enabled", "users": users}}
 
 
 def _tenant_user(subjects: Subjects, tenant: Tenant) -> dict[str, object]:

@@ -6,6 +6,7 @@ store, so a killed one restarts with its data and catches up from the others.
 
 from __future__ import annotations
 
+import functools
 import socket
 import tempfile
 from pathlib import Path
@@ -49,6 +50,8 @@ class LocalCluster:
     size: int = 3
     base_dir: str | None = None
     name: str = "vf"
+    # Appended to every server's config, e.g. `accounts: {...}` from `auth.accounts` (auth on).
+    extra_config: str = ""
     servers: list[NatsServer] = attrs.field(factory=list, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
 
@@ -84,6 +87,7 @@ class LocalCluster:
                     route_port=route_ports[i],
                     routes=routes,
                 )
+                + self.extra_config
             )
             self.servers.append(
                 NatsServer(
@@ -98,18 +102,26 @@ class LocalCluster:
             raise
         return self
 
-    async def wait_jetstream(self, timeout_s: float = 30.0) -> None:
-        """Wait until JetStream answers through the cluster (a meta leader is elected)."""
+    async def wait_jetstream(
+        self, timeout_s: float = 30.0, user: str | None = None, password: str | None = None
+    ) -> None:
+        """Wait until JetStream answers through the cluster (a meta leader is elected).
+
+        With auth on, `user` and `password` are those of a user with a JetStream account.
+        """
+        probe = functools.partial(self._account_info, user, password)
         try:
-            await CallRetry(deadline_s=timeout_s).call(self._account_info, what="cluster jetstream")
+            await CallRetry(deadline_s=timeout_s).call(probe, what="cluster jetstream")
         except TransientError as exc:
             raise ServerError(f"cluster JetStream not ready: {exc}") from exc
 
-    async def _account_info(self) -> None:
+    async def _account_info(self, user: str | None, password: str | None) -> None:
         import nats
 
         nc = await nats.connect(
             servers=[u for u, s in zip(self.urls, self.servers, strict=True) if s.pid],
+            user=user,
+            password=password,
             connect_timeout=1,
             max_reconnect_attempts=1,
         )

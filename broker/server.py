@@ -98,6 +98,9 @@ class NatsServer:
         cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(port)]
         if self.config_file:
             cmd = [find_binary(), "-c", self.config_file, "-sd", store]
+            if self._bound_port:
+                # A config may listen on port -1: a restart keeps the port it got (flags win).
+                cmd += ["-p", str(self._bound_port)]
         log.info("starting nats-server cmd=%s", " ".join(cmd))
         Path(store).mkdir(parents=True, exist_ok=True)
         # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.

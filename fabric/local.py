@@ -43,7 +43,8 @@ class LocalFleet:
     port: int = -1  # of the embedded server; -1 picks a free one
     # Workers serve metrics when set: on this port plus their index, or each on a free port if 0.
     metrics_port: int | None = None
-    # A tenants file with plain passwords: the embedded server then runs with auth on.
+    # A tenants file with plain passwords: the embedded server then runs with auth on; with
+    # `url` set, the server there must run with this file's config (workers use its users).
     tenants_file: str | None = None
     server: NatsServer | None = attrs.field(default=None, init=False)
     procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list, init=False)
@@ -72,6 +73,8 @@ class LocalFleet:
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
+        if self.tenants_file is not None:
+            self._tenants = tenants.load(self.tenants_file)
         if self.url is None:
             self.server = self._start_server()
         try:
@@ -88,7 +91,7 @@ class LocalFleet:
         """An embedded server; with a tenants file, started with its config and provisioned."""
         if self.tenants_file is None:
             return NatsServer(port=self.port).start()
-        self._tenants = tenants.load(self.tenants_file)
+        assert self._tenants is not None
         self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
         config = Path(self._config_dir.name) / "server.json"
         auth.write_config(

@@ -8,6 +8,7 @@ aggregated twice, and no lease outlives its TTL plus one heartbeat.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -17,23 +18,29 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
-from vramfabric.broker import BrokerSettings, NatsServer, RetryPolicy
+from vramfabric.broker import BrokerSettings, NatsServer, RetryPolicy, auth
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.server import die_with_parent
+from vramfabric.broker.subjects import Subjects
+from vramfabric.broker.tenants import OPERATOR_USER, TenantsFile
+from vramfabric.broker.tenants import load as load_tenants
 from vramfabric.coordinator import CoordinatorSettings, Fabric, Fold, Job
-from vramfabric.local import LocalFleet
+from vramfabric.local import LocalFleet, demo_tenants_file
 
 HEARTBEAT_S = 0.5
 NODE_TTL_S = 2.0
 LEASE_TTL_S = 3.0
 ACK_WAIT_S = 1.0
 RETRY = RetryPolicy(max_retries=8, initial_backoff_s=0.1, max_backoff_s=1.0)
+# The coordinators' tenant with auth on (with auth off they use the default tenant).
+TENANT = "chaos"
 SCENARIOS = (
     "worker_kill",
     "coordinator_kill",
@@ -49,6 +56,7 @@ class Outcome:
     """What one run of a scenario measured."""
 
     scenario: str
+    auth: bool = False
     completed: bool = False
     chunks: int = 0
     lost: int = 0
@@ -76,10 +84,14 @@ def chaos_job(n: int, log_dir: str, job_id: str = "") -> Job:
     )
 
 
-def chaos_settings() -> CoordinatorSettings:
-    """Coordinator settings with chaos-sized timeouts."""
+def chaos_settings(tenant: str = "default") -> CoordinatorSettings:
+    """Coordinator settings with chaos-sized timeouts, for `tenant`."""
     return CoordinatorSettings(
-        slice_bytes=256 * 2**20, lease_ttl_s=LEASE_TTL_S, ack_wait_s=ACK_WAIT_S, max_slices=SLICES
+        tenant=tenant,
+        slice_bytes=256 * 2**20,
+        lease_ttl_s=LEASE_TTL_S,
+        ack_wait_s=ACK_WAIT_S,
+        max_slices=SLICES,
     )
 
 
@@ -95,18 +107,29 @@ def count_each() -> Fold:
 
 @attrs.define
 class Fabricated:
-    """The processes of one run: a server or cluster, worker subprocesses, a log folder."""
+    """The processes of one run: a server or cluster, worker subprocesses, a log folder.
+
+    With `auth` on, the servers run with a config generated from a fresh tenants file: the
+    workers connect as the workers' user, the coordinators as tenant `TENANT`.
+    """
 
     cluster: bool
     workers: int
+    auth: bool = False
     prefix: str = attrs.field(factory=lambda: f"c{uuid.uuid4().hex[:8]}")
     server: NatsServer | LocalCluster | None = None
     fleet: LocalFleet | None = None
     log_dir: str = attrs.field(factory=lambda: tempfile.mkdtemp(prefix="vf-chaos-"))
+    users: TenantsFile | None = None
+    _auth_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
-    def broker(self) -> BrokerSettings:
-        """Client settings for this run."""
+    def tenant(self) -> str:
+        """The coordinators' tenant."""
+        return TENANT if self.auth else "default"
+
+    @property
+    def _plain(self) -> BrokerSettings:
         assert self.server is not None
         return BrokerSettings(
             url=self.server.url,
@@ -116,13 +139,37 @@ class Fabricated:
             request_timeout_s=1.0,
         )
 
+    @property
+    def broker(self) -> BrokerSettings:
+        """The coordinators' client settings for this run (the tenant's user with auth on)."""
+        if self.users is None:
+            return self._plain
+        return auth.settings_for(self._plain, TENANT, self.users.tenant(TENANT).credential.password)
+
     async def start(self) -> None:
         """Start the servers and the workers, and wait until they serve."""
+        tenants_file = None
+        if self.auth:
+            self._auth_dir = tempfile.TemporaryDirectory(prefix="vf-chaos-auth-")
+            tenants_file = str(demo_tenants_file(Path(self._auth_dir.name) / "t.toml", (TENANT,)))
+            self.users = load_tenants(tenants_file)
+        operator = (OPERATOR_USER, self.users.operator.password) if self.users else None
         if self.cluster:
-            self.server = LocalCluster(size=3).start()
-            await self.server.wait_jetstream()
+            extra = ""
+            if self.users is not None:
+                accounts = auth.accounts(self.users, Subjects(self.prefix))
+                extra = f"accounts: {json.dumps(accounts)}\n"
+            self.server = LocalCluster(size=3, extra_config=extra).start()
+            user, password = operator or (None, None)
+            await self.server.wait_jetstream(user=user, password=password)
+        elif self.users is not None and self._auth_dir is not None:
+            config = Path(self._auth_dir.name) / "server.json"
+            auth.write_config(self.users, Subjects(self.prefix), config, port=-1)
+            self.server = NatsServer(config_file=str(config)).start()
         else:
             self.server = NatsServer().start()
+        if self.users is not None and operator is not None:
+            await auth.provision_tenants(auth.settings_for(self._plain, *operator), self.users)
         self.fleet = LocalFleet(
             workers=self.workers,
             simulate="1x8GiB",
@@ -130,6 +177,8 @@ class Fabricated:
             prefix=self.prefix,
             url=self.server.url,
             node_ttl_s=NODE_TTL_S,
+            replicas=3 if self.cluster else 1,
+            tenants_file=tenants_file,
             worker_args=(
                 "--kernel-module",
                 "tests.kernels_for_tests",
@@ -137,8 +186,6 @@ class Fabricated:
                 str(HEARTBEAT_S),
             ),
         )
-        env_replicas = "3" if self.cluster else "1"
-        os.environ["VRAMFABRIC_REPLICAS"] = env_replicas  # inherited by the worker processes
         await asyncio.to_thread(self.fleet.start)
 
     def job(self, n: int, job_id: str = "") -> Job:
@@ -155,7 +202,8 @@ class Fabricated:
             self.fleet.stop(timeout_s=5)
         if self.server is not None:
             self.server.stop()
-        os.environ.pop("VRAMFABRIC_REPLICAS", None)
+        if self._auth_dir is not None:
+            self._auth_dir.cleanup()
         for name in os.listdir(self.log_dir):
             os.unlink(os.path.join(self.log_dir, name))
         os.rmdir(self.log_dir)
@@ -180,11 +228,13 @@ async def leases_clear(fabric: Fabric, deadline_s: float) -> float:
 Fault = Callable[[Fabricated, "Outcome"], Awaitable[int]]
 
 
-async def run_scenario(scenario: str, n: int = 1000, seed: int | None = None) -> Outcome:
+async def run_scenario(
+    scenario: str, n: int = 1000, seed: int | None = None, with_auth: bool = False
+) -> Outcome:
     """Run one scenario once; never raises for a broken promise, reports it instead."""
     rng = random.Random(seed)
-    fab = Fabricated(cluster=scenario == "server_kill", workers=4)
-    outcome = Outcome(scenario=scenario, chunks=n)
+    fab = Fabricated(cluster=scenario == "server_kill", workers=4, auth=with_auth)
+    outcome = Outcome(scenario=scenario, auth=with_auth, chunks=n)
     try:
         await fab.start()
         if scenario == "coordinator_kill":
@@ -202,7 +252,7 @@ async def _in_process(
     fab: Fabricated, n: int, rng: random.Random, outcome: Outcome, fault: Fault
 ) -> None:
     stamps: list[float] = []
-    async with await Fabric.connect(fab.broker, chaos_settings()) as fabric:
+    async with await Fabric.connect(fab.broker, chaos_settings(fab.tenant)) as fabric:
         aggregator = count_each()
         run = asyncio.create_task(
             fabric.run(
@@ -292,18 +342,20 @@ async def _coordinator_kill(fab: Fabricated, n: int, rng: random.Random, outcome
     """Kill -9 a coordinator process about half-way, then rerun the same job id in-process."""
     job_id = f"chaos{uuid.uuid4().hex[:8]}"
     b = fab.broker
+    # Settings and credentials travel in the environment, never on a command line.
+    env = dict(
+        os.environ,
+        VRAMFABRIC_NATS_URL=b.url,
+        VRAMFABRIC_PREFIX=b.prefix,
+        VRAMFABRIC_REPLICAS=str(b.replicas),
+        VRAMFABRIC_NODE_TTL_S=str(b.node_ttl_s),
+        VRAMFABRIC_TENANT=fab.tenant,
+    )
+    if b.user is not None:
+        env.update(VRAMFABRIC_NATS_USER=b.user, VRAMFABRIC_NATS_PASSWORD=b.password or "")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.chaos.coordinator_proc",
-            b.url,
-            b.prefix,
-            str(b.replicas),
-            str(n),
-            job_id,
-            fab.log_dir,
-        ],
+        [sys.executable, "-m", "tests.chaos.coordinator_proc", str(n), job_id, fab.log_dir],
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent,
@@ -315,7 +367,7 @@ async def _coordinator_kill(fab: Fabricated, n: int, rng: random.Random, outcome
     finally:
         proc.wait()
     stamps: list[float] = []
-    async with await Fabric.connect(fab.broker, chaos_settings()) as fabric:
+    async with await Fabric.connect(fab.broker, chaos_settings(fab.tenant)) as fabric:
         aggregator = count_each()
         result = await fabric.run(
             fab.job(n, job_id),

@@ -12,10 +12,15 @@ from tests.chaos.harness import SCENARIOS, run_scenario
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.parametrize("with_auth", [False, True], ids=["auth-off", "auth-on"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-async def test_job_survives_the_fault_with_nothing_lost_or_doubled(scenario: str) -> None:
-    # Given a 1000-chunk job on 4 worker processes, when the fault strikes mid-job
-    outcome = await run_scenario(scenario, n=1000)
+async def test_job_survives_the_fault_with_nothing_lost_or_doubled(
+    scenario: str, with_auth: bool
+) -> None:
+    # Given a 1000-chunk job on 4 worker processes, with auth off, or on (the server runs a
+    # generated tenants config, workers and coordinators connect as their own users), when
+    # the fault strikes mid-job
+    outcome = await run_scenario(scenario, n=1000, with_auth=with_auth)
     # Then the job completes with every chunk aggregated exactly once
     assert outcome.error == ""
     assert outcome.completed
