@@ -172,14 +172,25 @@ async def _publish_round(
                 futures.append(await conn.js.publish_async(subject, data, headers=headers))
             except Exception as exc:  # e.g. disconnected while publishing: retry this one
                 futures.append(_failed(exc))
-        # A rejected async publish may never resolve (nats.py #985): bound the wait.
-        waited = [asyncio.wait_for(f, _ACK_WAIT_S) for f in futures]
-        outcomes += await asyncio.gather(*waited, return_exceptions=True)
+        # A rejected async publish may never resolve (nats.py #985): bound the wait, with one
+        # timer for the window rather than one per chunk.
+        await asyncio.wait(futures, timeout=_ACK_WAIT_S)
+        outcomes += [_outcome(f) for f in futures]
     return outcomes
 
 
-async def _failed(exc: BaseException) -> Any:
-    raise exc
+def _failed(exc: BaseException) -> asyncio.Future[Any]:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(exc)
+    return future
+
+
+def _outcome(future: asyncio.Future[Any]) -> Any:
+    """A publish's PubAck, or the exception it ended with (TimeoutError if it did not)."""
+    if not future.done() or future.cancelled():
+        future.cancel()  # frees its place in the context's window of pending acks
+        return TimeoutError(f"no PubAck within {_ACK_WAIT_S:g} s")
+    return future.exception() or future.result()
 
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:
