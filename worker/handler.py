@@ -53,6 +53,11 @@ class ChunkHandler:
     runner: ChunkRunner
     metrics: WorkerMetrics
     stopping: Callable[[], bool]
+    keepalive: KeepAlive = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """One keepalive for the job's running chunks."""
+        self.keepalive = KeepAlive(self.spec.ack_wait_s / 3)
 
     @property
     def job(self) -> str:
@@ -67,13 +72,13 @@ class ChunkHandler:
         """
         started_at = time.time()
         attempt = msg.metadata.num_delivered
-        keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
+        self.keepalive.add(msg)
         try:
             await self._process(msg, lease_id, attempt, started_at)
         except Exception as exc:  # the one broad catch
             log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
         finally:
-            keepalive.cancel()
+            self.keepalive.discard(msg)
 
     async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
         try:
@@ -166,26 +171,48 @@ class ChunkHandler:
             raise ResultAlreadyRecorded(subject)
 
 
-class _KeepAlive:
-    """Sends `in_progress()` every `interval_s` while a chunk runs; short chunks never send it."""
+class KeepAlive:
+    """Sends `in_progress()` for chunks running longer than `interval_s`, every `interval_s`.
 
-    def __init__(self, msg: Msg, interval_s: float) -> None:
-        self._msg = msg
+    One timer for all the chunks of a job, armed while any runs: a chunk costs two dict
+    operations, and short chunks never send anything. A chunk's ack wait is at least
+    `3 * interval_s`; the longest gap between its in_progress calls is `2 * interval_s`.
+    """
+
+    def __init__(self, interval_s: float) -> None:
         self._interval_s = interval_s
-        self._loop = asyncio.get_running_loop()
+        # Running chunks by id (messages are not hashable), each with the loop time it
+        # started or last sent in_progress.
+        self._running: dict[int, tuple[Msg, float]] = {}
         self._sending: set[asyncio.Task[None]] = set()
-        self._timer = self._loop.call_later(interval_s, self._tick)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, msg: Msg) -> None:
+        """Keep `msg` alive from now until `discard(msg)`."""
+        loop = asyncio.get_running_loop()
+        self._running[id(msg)] = (msg, loop.time())
+        if self._timer is None:
+            self._timer = loop.call_later(self._interval_s, self._tick)
+
+    def discard(self, msg: Msg) -> None:
+        """Stop keeping `msg` alive."""
+        self._running.pop(id(msg), None)
 
     def _tick(self) -> None:
-        # Held until done: the loop keeps only weak references to tasks.
-        sent = self._loop.create_task(quiet(self._msg.in_progress()))
-        self._sending.add(sent)
-        sent.add_done_callback(self._sending.discard)
-        self._timer = self._loop.call_later(self._interval_s, self._tick)
-
-    def cancel(self) -> None:
-        """Stop sending."""
-        self._timer.cancel()
+        self._timer = None
+        if not self._running:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now - self._interval_s
+        for key, (msg, since) in self._running.items():
+            if since <= due:
+                self._running[key] = (msg, now)
+                # Held until done: the loop keeps only weak references to tasks.
+                sent = loop.create_task(quiet(msg.in_progress()))
+                self._sending.add(sent)
+                sent.add_done_callback(self._sending.discard)
+        self._timer = loop.call_later(self._interval_s, self._tick)
 
 
 async def quiet(coro: Any) -> None:

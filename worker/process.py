@@ -41,7 +41,9 @@ class Running:
 
     future: asyncio.Future[bytes]
     save: SaveCheckpoint | None
-    timer: asyncio.TimerHandle | None = None
+    # Monotonic time past which the chunk is killed, and its deadline in seconds.
+    deadline: float = float("inf")
+    timeout_s: float = 0.0
 
 
 @attrs.define(eq=False)
