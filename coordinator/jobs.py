@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import Disconnected, from_nats
@@ -120,35 +121,41 @@ async def submit_chunks(
     `rerun` (a token unique to this run) gives the chunks fresh ids: chunks submitted again
     after their failure must not be taken for duplicates of the first submission.
 
-    Publishes are asynchronous in a window bounded by the JetStream context's
-    `publish_async_max_pending`. Chunks whose ack does not come (a stream leader lost, say)
-    are published again with the same `Nats-Msg-Id`, which the stream deduplicates, until
-    the submission deadline.
+    Publishes are asynchronous, in windows of `_WINDOW` awaiting their PubAcks. Chunks whose
+    ack does not come (a stream leader lost, say) are published again with the same
+    `Nats-Msg-Id`, which the stream deduplicates, until the submission deadline.
 
     Raises:
         Disconnected: some chunks were still not acked at the deadline.
     """
     deadline = time.monotonic() + _PUBLISH_DEADLINE_S
     pending, duplicates = list(indices), 0
-    while pending:
-        outcomes = await _publish_round(conn, broker, spec, inputs, pending, rerun)
-        duplicates += sum(1 for o in outcomes if not isinstance(o, BaseException) and o.duplicate)
-        failed = [i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)]
-        if failed and time.monotonic() > deadline:
-            raise Disconnected(
-                f"job {spec.job_id}: {len(failed)} chunk(s) not acked: {from_nats(outcomes[-1])}"
-            )
-        if failed:
-            log.warning(
-                "chunk publishes not acked, retrying job=%s count=%d", spec.job_id, len(failed)
-            )
-            await asyncio.sleep(_REPUBLISH_PAUSE_S)  # pause while the stream elects a leader
-        pending = failed
+    acks = await AckedPublisher(conn.nc, _ACK_WAIT_S).start()
+    try:
+        while pending:
+            outcomes = await _publish_round(acks, broker, spec, inputs, pending, rerun)
+            duplicates += sum(1 for o in outcomes if o is True)
+            errors = [
+                (i, o)
+                for i, o in zip(pending, outcomes, strict=True)
+                if isinstance(o, BaseException)
+            ]
+            if errors and time.monotonic() > deadline:
+                why = from_nats(errors[-1][1])
+                raise Disconnected(f"job {spec.job_id}: {len(errors)} chunk(s) not acked: {why}")
+            if errors:
+                log.warning(
+                    "chunk publishes not acked, retrying job=%s count=%d", spec.job_id, len(errors)
+                )
+                await asyncio.sleep(_REPUBLISH_PAUSE_S)  # pause while the stream elects a leader
+            pending = [i for i, _exc in errors]
+    finally:
+        await acks.stop()
     return duplicates
 
 
 async def _publish_round(
-    conn: Connection,
+    acks: AckedPublisher,
     broker: BrokerSettings,
     spec: JobSpec,
     inputs: Sequence[bytes],
@@ -157,7 +164,7 @@ async def _publish_round(
 ) -> list[Any]:
     subject = broker.subjects.work(spec.tenant, spec.job_id)
     outcomes: list[Any] = []
-    # Windows below the context's max pending acks, so publish_async never blocks on a stall.
+    # Windows of publishes in flight: a stalled stream costs at most one window's timeout.
     for start in range(0, len(indices), _WINDOW):
         futures = []
         for i in indices[start : start + _WINDOW]:
@@ -169,13 +176,12 @@ async def _publish_round(
             )
             headers = {HEADER_MSG_ID: msg_id}
             try:
-                futures.append(await conn.js.publish_async(subject, data, headers=headers))
+                futures.append(await acks.submit(subject, data, headers))
             except Exception as exc:  # e.g. disconnected while publishing: retry this one
                 futures.append(_failed(exc))
-        # A rejected async publish may never resolve (nats.py #985): bound the wait, with one
-        # timer for the window rather than one per chunk.
-        await asyncio.wait(futures, timeout=_ACK_WAIT_S)
-        outcomes += [_outcome(f) for f in futures]
+        # Each future ends by its PubAck, its error or the publisher's timeout.
+        await asyncio.wait(futures)
+        outcomes += [f.exception() or f.result() for f in futures]
     return outcomes
 
 
@@ -183,14 +189,6 @@ def _failed(exc: BaseException) -> asyncio.Future[Any]:
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     future.set_exception(exc)
     return future
-
-
-def _outcome(future: asyncio.Future[Any]) -> Any:
-    """A publish's PubAck, or the exception it ended with (TimeoutError if it did not)."""
-    if not future.done() or future.cancelled():
-        future.cancel()  # frees its place in the context's window of pending acks
-        return TimeoutError(f"no PubAck within {_ACK_WAIT_S:g} s")
-    return future.exception() or future.result()
 
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:

@@ -13,6 +13,7 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from vramfabric.broker import topology
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, from_nats
@@ -58,6 +59,7 @@ class Agent:
     ledger: SliceLedger = attrs.field(init=False)
     executors: ExecutorPool = attrs.field(init=False)
     _runner: ChunkRunner = attrs.field(init=False)
+    _acks: AckedPublisher = attrs.field(init=False)
     _heartbeat: Heartbeat = attrs.field(init=False)
     _jobs_kv: KeyValue = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
@@ -111,6 +113,7 @@ class Agent:
             self._on_change,
             publish=self.conn.nc.publish,
         )
+        self._acks = await AckedPublisher(self.conn.nc, self.broker.request_timeout_s).start()
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
         )
@@ -175,6 +178,7 @@ class Agent:
             self.ledger,
             self._runner,
             self.metrics,
+            self._acks,
         )
         self._pullers[key] = puller
         puller.leases_changed()
@@ -231,6 +235,7 @@ class Agent:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._acks.stop()
         released = self.ledger.reap(float("inf"))
         if self.conn.nc.is_connected:
             # Vanish from the fleet view now; without a server the advert's TTL does it.

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 from nats.aio.msg import Msg
 
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
@@ -52,6 +53,7 @@ class ChunkHandler:
     ledger: SliceLedger
     runner: ChunkRunner
     metrics: WorkerMetrics
+    acks: AckedPublisher
     stopping: Callable[[], bool]
     keepalive: KeepAlive = attrs.field(init=False)
 
@@ -164,10 +166,10 @@ class ChunkHandler:
         msg_id = self.broker.subjects.result_msg_id(self.job, result.index, work_seq)
         headers = {HEADER_MSG_ID: msg_id}
         try:
-            ack = await self.conn.js.publish(subject, encode(result), headers=headers)
+            duplicate = await self.acks.publish(subject, encode(result), headers)
         except Exception as exc:
             raise from_nats(exc) from exc
-        if ack.duplicate:
+        if duplicate:
             raise ResultAlreadyRecorded(subject)
 
 
