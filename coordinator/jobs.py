@@ -162,7 +162,8 @@ async def _publish_round(
     indices: Sequence[int],
     rerun: str,
 ) -> list[Any]:
-    subject = broker.subjects.work(spec.tenant, spec.job_id)
+    s = broker.subjects  # built once: a property that validates the prefix on every call
+    subject = s.work(spec.tenant, spec.job_id)
     outcomes: list[Any] = []
     # Windows of publishes in flight: a stalled stream costs at most one window's timeout.
     for start in range(0, len(indices), _WINDOW):
@@ -170,9 +171,9 @@ async def _publish_round(
         for i in indices[start : start + _WINDOW]:
             data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
             msg_id = (
-                broker.subjects.chunk_retry_msg_id(spec.job_id, i, rerun)
+                s.chunk_retry_msg_id(spec.job_id, i, rerun)
                 if rerun
-                else broker.subjects.chunk_msg_id(spec.job_id, i)
+                else s.chunk_msg_id(spec.job_id, i)
             )
             headers = {HEADER_MSG_ID: msg_id}
             try:

@@ -56,10 +56,12 @@ class ChunkHandler:
     acks: AckedPublisher
     stopping: Callable[[], bool]
     keepalive: KeepAlive = attrs.field(init=False)
+    _subjects: Subjects = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        """One keepalive for the job's running chunks."""
+        """One keepalive for the job's running chunks; subject names built once."""
         self.keepalive = KeepAlive(self.spec.ack_wait_s / 3)
+        self._subjects = self.broker.subjects
 
     @property
     def job(self) -> str:
@@ -73,7 +75,7 @@ class ChunkHandler:
         slot keeps the VRAM until then); a lease that has ended starts no chunk.
         """
         started_at = time.time()
-        attempt = msg.metadata.num_delivered
+        attempt = _delivery(msg)[0]
         self.keepalive.add(msg)
         try:
             await self._process(msg, lease_id, attempt, started_at)
@@ -133,7 +135,7 @@ class ChunkHandler:
         if result.error_kind is not None:
             self.metrics.submit_errors_total.labels(kind=result.error_kind.value).inc()
         try:
-            await self._publish_patiently(result, msg.metadata.sequence.stream)
+            await self._publish_patiently(result, _delivery(msg)[1])
         except ResultAlreadyRecorded:
             self.metrics.duplicate_results_total.inc()
         except VramfabricError as exc:
@@ -162,8 +164,8 @@ class ChunkHandler:
                 await asyncio.sleep(RESULT_RETRY_PAUSE_S)  # retry pause during an election
 
     async def _publish(self, result: ChunkResult, work_seq: int) -> None:
-        subject = self.broker.subjects.result(self.spec.tenant, self.job, result.index)
-        msg_id = self.broker.subjects.result_msg_id(self.job, result.index, work_seq)
+        subject = self._subjects.result(self.spec.tenant, self.job, result.index)
+        msg_id = self._subjects.result_msg_id(self.job, result.index, work_seq)
         headers = {HEADER_MSG_ID: msg_id}
         try:
             duplicate = await self.acks.publish(subject, encode(result), headers)
@@ -223,6 +225,14 @@ async def quiet(coro: Any) -> None:
         await coro
     except Exception as exc:
         log.debug("in_progress failed error=%s", from_nats(exc))
+
+
+def _delivery(msg: Msg) -> tuple[int, int]:
+    """(times delivered, stream sequence) of a work message."""
+    delivery = Subjects.delivery_of(msg.reply)
+    if delivery is None:  # a form we do not parse: nats-py reads it (or raises)
+        return msg.metadata.num_delivered, msg.metadata.sequence.stream
+    return delivery
 
 
 def _index_from(msg: Msg) -> int | None:
