@@ -220,6 +220,23 @@ class Subjects:
         return int(parts[1])
 
     @staticmethod
+    def delivery_of(reply: str) -> tuple[int, int] | None:
+        """(times delivered, stream sequence) of a JetStream message, from its ack subject.
+
+        What nats-py's `msg.metadata` gives, without building its dataclasses (a hot path):
+        `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...` (9 tokens) or, with a domain and
+        an account hash, `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>...`
+        (11 or 12). None if `reply` is neither.
+        """
+        parts: list[str] = reply.split(".") if reply else []
+        if len(parts) < 9 or parts[0] != "$JS" or parts[1] != "ACK":
+            return None
+        at = 4 if len(parts) == 9 else 6
+        if len(parts) not in (9, 11, 12) or not (parts[at].isdigit() and parts[at + 1].isdigit()):
+            return None
+        return int(parts[at]), int(parts[at + 1])
+
+    @staticmethod
     def chunk_retry_msg_id(job: str, index: int, run: str) -> str:
         """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run.
 

@@ -20,6 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import PermanentError, TransientError, from_nats, nats_errors
 from vramfabric.broker.retrying import CallRetry
+from vramfabric.broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,9 @@ class Follower:
             )
 
     async def _on_msg(self, msg: Msg) -> None:
-        self._next_seq = msg.metadata.sequence.stream + 1
+        delivery = Subjects.delivery_of(msg.reply)
+        seq = msg.metadata.sequence.stream if delivery is None else delivery[1]
+        self._next_seq = seq + 1
         await self.handler(msg)
 
     def _on_reconnect(self) -> None:

@@ -11,12 +11,13 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import nats.js.errors
 
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import Disconnected, TransientError, from_nats, nats_errors
@@ -118,21 +119,21 @@ async def submit_chunks(
     `rerun` (a token unique to this run) gives the chunks fresh ids: chunks submitted again
     after their failure must not be taken for duplicates of the first submission.
 
-    Publishes are asynchronous in a window bounded by the JetStream context's
-    `publish_async_max_pending`. Chunks whose ack does not come (a stream leader lost, say)
-    are published again with the same `Nats-Msg-Id`, which the stream deduplicates, under
-    the broker's call retry policy.
+    Publishes are asynchronous, in windows of `_WINDOW` awaiting their PubAcks. Chunks whose
+    ack does not come (a stream leader lost, say) are published again with the same
+    `Nats-Msg-Id`, which the stream deduplicates, under the broker's call retry policy.
 
     Raises:
         Disconnected: some chunks were still not acked at the retry deadline.
         PermanentError: the stream refused a chunk for good (a permission error, say).
     """
     pending, duplicates = list(indices), 0
+    acks = await AckedPublisher(conn.nc, _ACK_WAIT_S).start()
 
     async def publish_pending() -> None:
         nonlocal pending, duplicates
-        outcomes = await _publish_round(conn, broker, spec, inputs, pending, rerun)
-        duplicates += sum(1 for o in outcomes if not isinstance(o, BaseException) and o.duplicate)
+        outcomes = await _publish_round(acks, broker, spec, inputs, pending, rerun)
+        duplicates += sum(1 for o in outcomes if o is True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         pending = [
             i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)
@@ -145,43 +146,49 @@ async def submit_chunks(
             last = from_nats(errors[-1])
             raise Disconnected(f"job {spec.job_id}: {len(errors)} chunk(s) not acked: {last}")
 
-    await broker.call_retry.call(publish_pending, what=f"submit chunks job={spec.job_id}")
+    try:
+        await broker.call_retry.call(publish_pending, what=f"submit chunks job={spec.job_id}")
+    finally:
+        await acks.stop()
     return duplicates
 
 
 async def _publish_round(
-    conn: Connection,
+    acks: AckedPublisher,
     broker: BrokerSettings,
     spec: JobSpec,
     inputs: Sequence[bytes],
     indices: Sequence[int],
     rerun: str,
 ) -> list[Any]:
-    subject = broker.subjects.work(spec.tenant, spec.job_id)
+    s = broker.subjects  # built once: a property that validates the prefix on every call
+    subject = s.work(spec.tenant, spec.job_id)
     outcomes: list[Any] = []
-    # Windows below the context's max pending acks, so publish_async never blocks on a stall.
+    # Windows of publishes in flight: a stalled stream costs at most one window's timeout.
     for start in range(0, len(indices), _WINDOW):
-        futures: list[Awaitable[Any]] = []
+        futures: list[asyncio.Future[Any]] = []
         for i in indices[start : start + _WINDOW]:
             data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
             msg_id = (
-                broker.subjects.chunk_retry_msg_id(spec.job_id, i, rerun)
+                s.chunk_retry_msg_id(spec.job_id, i, rerun)
                 if rerun
-                else broker.subjects.chunk_msg_id(spec.job_id, i)
+                else s.chunk_msg_id(spec.job_id, i)
             )
             headers = {HEADER_MSG_ID: msg_id}
             try:
-                futures.append(await conn.js.publish_async(subject, data, headers=headers))
+                futures.append(await acks.submit(subject, data, headers))
             except Exception as exc:  # e.g. disconnected while publishing: retry this one
                 futures.append(_failed(exc))
-        # A rejected async publish may never resolve (nats.py #985): bound the wait.
-        waited = [asyncio.wait_for(f, _ACK_WAIT_S) for f in futures]
-        outcomes += await asyncio.gather(*waited, return_exceptions=True)
+        # Each future ends by its PubAck, its error or the publisher's timeout.
+        await asyncio.wait(futures)
+        outcomes += [f.exception() or f.result() for f in futures]
     return outcomes
 
 
-async def _failed(exc: BaseException) -> Any:
-    raise exc
+def _failed(exc: BaseException) -> asyncio.Future[Any]:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(exc)
+    return future
 
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:

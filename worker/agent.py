@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from vramfabric.broker import tenants, topology
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, from_nats
@@ -65,6 +66,7 @@ class Agent:
     ledger: SliceLedger = attrs.field(init=False)
     executors: ExecutorPool = attrs.field(init=False)
     _runner: ChunkRunner = attrs.field(init=False)
+    _acks: AckedPublisher = attrs.field(init=False)
     _heartbeat: Heartbeat = attrs.field(init=False)
     _jobs_kv: KeyValue = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
@@ -137,6 +139,7 @@ class Agent:
         self._adverts_sub = await self.conn.nc.subscribe(
             subjects.advert_filter(), cb=self._on_advert
         )
+        self._acks = await AckedPublisher(self.conn.nc, self.broker.request_timeout_s).start()
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
         )
@@ -208,6 +211,7 @@ class Agent:
             self.ledger,
             self._runner,
             self.metrics,
+            self._acks,
         )
         self._pullers[key] = puller
         puller.leases_changed()
@@ -272,6 +276,7 @@ class Agent:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._acks.stop()
         released = self.ledger.reap(float("inf"))
         if self.conn.nc.is_connected:
             # Vanish from the fleet view now; without a server the advert's TTL does it.

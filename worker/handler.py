@@ -17,6 +17,7 @@ import attrs
 from nats.aio.msg import Msg
 from prometheus_client import Counter, Histogram
 
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
@@ -26,6 +27,7 @@ from vramfabric.broker.errors import (
     TransientError,
     VramfabricError,
     from_nats,
+    nats_errors,
 )
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
@@ -48,13 +50,18 @@ class ChunkHandler:
     ledger: SliceLedger
     runner: ChunkRunner
     metrics: WorkerMetrics
+    acks: AckedPublisher
     stopping: Callable[[], bool]
+    keepalive: KeepAlive = attrs.field(init=False)
+    _subjects: Subjects = attrs.field(init=False)
     # This tenant's series, looked up once rather than per chunk.
     _submits: Counter = attrs.field(init=False)
     _submit_s: Histogram = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        """Bind the per-chunk series to the job's tenant."""
+        """One keepalive for the job's running chunks; subject names and series bound once."""
+        self.keepalive = KeepAlive(self.spec.ack_wait_s / 3)
+        self._subjects = self.broker.subjects
         self._submits = self.metrics.submit_total.labels(tenant=self.spec.tenant)
         self._submit_s = self.metrics.submit_seconds.labels(tenant=self.spec.tenant)
 
@@ -71,14 +78,14 @@ class ChunkHandler:
         """
         started_at = time.time()
         self._submits.inc()
-        attempt = msg.metadata.num_delivered
-        keepalive = _KeepAlive(msg, self.spec.ack_wait_s / 3)
+        attempt = _delivery(msg)[0]
+        self.keepalive.add(msg)
         try:
             await self._process(msg, lease_id, attempt, started_at)
         except Exception as exc:  # the one broad catch
             log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
         finally:
-            keepalive.cancel()
+            self.keepalive.discard(msg)
 
     async def _process(self, msg: Msg, lease_id: str, attempt: int, started_at: float) -> None:
         try:
@@ -130,7 +137,7 @@ class ChunkHandler:
         if result.error_kind is not None:
             self._error(result.error_kind.value)
         try:
-            await self._publish_patiently(result, msg.metadata.sequence.stream)
+            await self._publish_patiently(result, _delivery(msg)[1])
         except ResultAlreadyRecorded:
             self.metrics.results_duplicate_total.labels(tenant=self.spec.tenant).inc()
         except VramfabricError as exc:
@@ -159,34 +166,57 @@ class ChunkHandler:
         )
 
     async def _publish(self, result: ChunkResult, work_seq: int) -> None:
-        subject = self.broker.subjects.result(self.spec.tenant, self.job, result.index)
-        msg_id = self.broker.subjects.result_msg_id(self.job, result.index, work_seq)
+        subject = self._subjects.result(self.spec.tenant, self.job, result.index)
+        msg_id = self._subjects.result_msg_id(self.job, result.index, work_seq)
         headers = {HEADER_MSG_ID: msg_id}
-        ack = await self.conn.js.publish(subject, encode(result), headers=headers)
-        if ack.duplicate:
+        with nats_errors():
+            duplicate = await self.acks.publish(subject, encode(result), headers)
+        if duplicate:
             raise ResultAlreadyRecorded(subject)
 
 
-class _KeepAlive:
-    """Sends `in_progress()` every `interval_s` while a chunk runs; short chunks never send it."""
+class KeepAlive:
+    """Sends `in_progress()` for chunks running longer than `interval_s`, every `interval_s`.
 
-    def __init__(self, msg: Msg, interval_s: float) -> None:
-        self._msg = msg
+    One timer for all the chunks of a job, armed while any runs: a chunk costs two dict
+    operations, and short chunks never send anything. A chunk's ack wait is at least
+    `3 * interval_s`; the longest gap between its in_progress calls is `2 * interval_s`.
+    """
+
+    def __init__(self, interval_s: float) -> None:
         self._interval_s = interval_s
-        self._loop = asyncio.get_running_loop()
+        # Running chunks by id (messages are not hashable), each with the loop time it
+        # started or last sent in_progress.
+        self._running: dict[int, tuple[Msg, float]] = {}
         self._sending: set[asyncio.Task[None]] = set()
-        self._timer = self._loop.call_later(interval_s, self._tick)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, msg: Msg) -> None:
+        """Keep `msg` alive from now until `discard(msg)`."""
+        loop = asyncio.get_running_loop()
+        self._running[id(msg)] = (msg, loop.time())
+        if self._timer is None:
+            self._timer = loop.call_later(self._interval_s, self._tick)
+
+    def discard(self, msg: Msg) -> None:
+        """Stop keeping `msg` alive."""
+        self._running.pop(id(msg), None)
 
     def _tick(self) -> None:
-        # Held until done: the loop keeps only weak references to tasks.
-        sent = self._loop.create_task(quiet(self._msg.in_progress()))
-        self._sending.add(sent)
-        sent.add_done_callback(self._sending.discard)
-        self._timer = self._loop.call_later(self._interval_s, self._tick)
-
-    def cancel(self) -> None:
-        """Stop sending."""
-        self._timer.cancel()
+        self._timer = None
+        if not self._running:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now - self._interval_s
+        for key, (msg, since) in self._running.items():
+            if since <= due:
+                self._running[key] = (msg, now)
+                # Held until done: the loop keeps only weak references to tasks.
+                sent = loop.create_task(quiet(msg.in_progress()))
+                self._sending.add(sent)
+                sent.add_done_callback(self._sending.discard)
+        self._timer = loop.call_later(self._interval_s, self._tick)
 
 
 async def quiet(coro: Any) -> None:
@@ -195,6 +225,14 @@ async def quiet(coro: Any) -> None:
         await coro
     except Exception as exc:
         log.debug("in_progress failed error=%s", from_nats(exc))
+
+
+def _delivery(msg: Msg) -> tuple[int, int]:
+    """(times delivered, stream sequence) of a work message."""
+    delivery = Subjects.delivery_of(msg.reply)
+    if delivery is None:  # a form we do not parse: nats-py reads it (or raises)
+        return msg.metadata.num_delivered, msg.metadata.sequence.stream
+    return delivery
 
 
 def _index_from(msg: Msg) -> int | None:

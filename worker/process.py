@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU)
 ExecKey = tuple[int, str, str]
+# A frame larger than this is written at once and its writer waits for the pipe to drain.
+_DRAIN_ABOVE_BYTES = 64 * 2**10
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
 
 
@@ -39,7 +41,9 @@ class Running:
 
     future: asyncio.Future[bytes]
     save: SaveCheckpoint | None
-    timer: asyncio.TimerHandle | None = None
+    # Monotonic time past which the chunk is killed, and its deadline in seconds.
+    deadline: float = float("inf")
+    timeout_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -61,6 +65,8 @@ class ExecutorProcess:
     # Checkpoints being stored: the loop keeps only weak references to tasks, and a task
     # collected mid-flight would leave its chunk waiting for an answer that never comes.
     _storing: set[asyncio.Task[None]] = attrs.field(factory=set)
+    # Frames not yet written: those sent in one turn of the loop go out in one write.
+    _outbox: list[bytes] = attrs.field(factory=list)
 
     @classmethod
     async def spawn(
@@ -106,14 +112,38 @@ class ExecutorProcess:
         return self.proc.returncode is None and not self.doom
 
     async def send(self, frame: dict[str, Any]) -> None:
-        """Write one frame; ExecutorCrashed if the process is gone."""
+        """Queue one frame for the next write; ExecutorCrashed if the process is gone.
+
+        Frames sent in one turn of the event loop (a burst of chunks) go out in one write,
+        not one system call each. A frame lost with the process fails its chunk through the
+        reader (`_died`), as any chunk running there does.
+        """
         stdin = self.proc.stdin
         assert stdin is not None
-        try:
-            stdin.write(ipc.pack(frame))
-            await stdin.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            raise ExecutorCrashed(f"executor process gone: {exc}") from None
+        if stdin.is_closing():
+            raise ExecutorCrashed("executor process gone: its pipe is closed")
+        data = ipc.pack(frame)
+        self._outbox.append(data)
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        if len(data) > _DRAIN_ABOVE_BYTES:
+            # A large input or blob: write it now and wait while the pipe is full.
+            self._flush()
+            try:
+                await stdin.drain()
+            except (ConnectionError, RuntimeError) as exc:
+                raise ExecutorCrashed(f"executor process gone: {exc}") from None
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        stdin = self.proc.stdin
+        assert stdin is not None
+        # Best effort: if the process is gone its reader fails the chunks these frames carried.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            stdin.write(data)
 
     def kill(self, why: str) -> None:
         """SIGKILL the process; its running chunks fail with `why`."""

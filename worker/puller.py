@@ -22,6 +22,7 @@ import attrs
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
     from_nats,
@@ -53,6 +54,7 @@ class JobPuller:
     ledger: SliceLedger
     runner: ChunkRunner
     metrics: WorkerMetrics
+    acks: AckedPublisher
     handler: ChunkHandler = attrs.field(init=False)
     _free: list[str] = attrs.field(factory=list, init=False)
     _busy: set[str] = attrs.field(factory=set, init=False)
@@ -76,6 +78,7 @@ class JobPuller:
             self.ledger,
             self.runner,
             self.metrics,
+            self.acks,
             stopping=lambda: self._stopping,
         )
 

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 START_PATIENCE_S = 60.0
 # Spare executors are started again once no chunk has run for this long.
 SPARE_AFTER_IDLE_S = 5.0
+# Running chunks are checked against their deadlines this often (one timer per node, not
+# one per chunk): a chunk is killed at most this long after its deadline.
+DEADLINE_SWEEP_S = 0.1
 
 
 @attrs.define
@@ -52,6 +55,7 @@ class ExecutorPool:
     # When a lease last warmed or a chunk last started or ended here: spares are made only
     # after a quiet spell.
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
+    _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
 
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
@@ -95,9 +99,10 @@ class ExecutorPool:
                 self._entering[key] = left
         task_id = next(self._ids)
         loop = asyncio.get_running_loop()
-        task = Running(loop.create_future(), save)
-        task.timer = loop.call_later(timeout_s, self._timed_out, exe, task_id, timeout_s)
+        task = Running(loop.create_future(), save, loop.time() + timeout_s, timeout_s)
         exe.tasks[task_id] = task
+        if self._sweep is None:
+            self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._check_deadlines)
         try:
             if work.blob is not None and work.digest not in exe.loaded:
                 exe.loaded.add(work.digest)
@@ -118,22 +123,32 @@ class ExecutorPool:
             )
             return await task.future
         finally:
-            task.timer.cancel()
             exe.tasks.pop(task_id, None)
             self._last_busy = time.monotonic()
             if not exe.tasks:
                 exe.idle_since = self._last_busy
 
-    def _timed_out(self, exe: ExecutorProcess, task_id: int, timeout_s: float) -> None:
-        task = exe.tasks.get(task_id)
-        if task is None or task.future.done():
-            return
+    def _check_deadlines(self) -> None:
+        """Kill the executors of chunks past their deadline; check again while chunks run."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        running = False
+        for exe in list(self._procs.values()):
+            for task in list(exe.tasks.values()):
+                running = True
+                if task.deadline <= now and not task.future.done():
+                    self._timed_out(exe, task)
+        if running:
+            self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._check_deadlines)
+
+    def _timed_out(self, exe: ExecutorProcess, task: Running) -> None:
         log.warning(
             "chunk past its deadline key=%s timeout_s=%.1f: killing its executor",
             exe.key,
-            timeout_s,
+            task.timeout_s,
         )
-        task.future.set_exception(ChunkTimeout(timeout_s))
+        task.future.set_exception(ChunkTimeout(task.timeout_s))
         exe.kill("executor killed: a chunk beside this one ran past its deadline")
 
     async def _executor(self, key: ExecKey) -> ExecutorProcess:

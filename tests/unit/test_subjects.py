@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from nats.aio.msg import Msg
 
 from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects, token
 
@@ -180,3 +181,23 @@ def test_chunk_index_of_reads_the_chunk_field_of_first_and_rerun_ids(
     msg_id: str, index: int | None
 ) -> None:
     assert Subjects.chunk_index_of(msg_id) == index
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.VF_WORK_default.job1.3.77.12.1700000000000000000.5",
+        "$JS.ACK.hub.ACCHASH.VF_WORK_default.job1.3.77.12.1700000000000000000.5",
+        "$JS.ACK.hub.ACCHASH.VF_WORK_default.job1.3.77.12.1700000000000000000.5.rnd",
+    ],
+)
+def test_delivery_of_reads_what_nats_py_metadata_reads(reply: str) -> None:
+    meta = Msg(None, subject="x", reply=reply).metadata  # type: ignore[arg-type]
+    assert Subjects.delivery_of(reply) == (meta.num_delivered, meta.sequence.stream)
+
+
+@pytest.mark.parametrize(
+    "reply", ["", "_INBOX.abc", "$JS.ACK.S.C.x.77.12.1.5", "$JS.ACK.a.b.c.d.1.2.3.4.5.6.7.8"]
+)
+def test_delivery_of_is_none_for_other_subjects(reply: str) -> None:
+    assert Subjects.delivery_of(reply) is None

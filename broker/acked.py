@@ -1,0 +1,129 @@
+"""AckedPublisher: JetStream publishes whose PubAcks come back on one subscription.
+
+nats-py's `js.publish` costs a request each (a reply future, a random token, a timer) and
+`js.publish_async` never resolves a rejected publish (NATS_GUIDE.md, nats.py #985). Here
+every publish carries a reply subject under one inbox of our own; the PubAck (or the
+stream's error) resolves its future, and one timer sweeps the publishes whose PubAck is
+overdue. Futures end with the same nats-py exceptions `js.publish` raises, for `from_nats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+
+import attrs
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from .errors import from_nats
+
+log = logging.getLogger(__name__)
+
+_STATUS = "Status"
+_NO_RESPONDERS = "503"
+
+
+@attrs.define
+class AckedPublisher:
+    """Publishes to streams and hands back a future of each publish's `duplicate` flag."""
+
+    nc: Client
+    timeout_s: float
+    _prefix: str = attrs.field(default="", init=False)
+    _sub: Subscription | None = attrs.field(default=None, init=False)
+    _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    # Reply token -> (future, loop time its PubAck is due by). All publishes share one
+    # timeout, so insertion order is deadline order: the sweep looks at the oldest only.
+    _pending: dict[str, tuple[asyncio.Future[bool], float]] = attrs.field(factory=dict, init=False)
+    _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
+
+    async def start(self) -> AckedPublisher:
+        """Subscribe to the reply inbox (a reconnect resubscribes it)."""
+        self._prefix = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(f"{self._prefix}.*", cb=self._on_ack)
+        return self
+
+    async def stop(self) -> None:
+        """Unsubscribe; publishes still waiting fail as timed out."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for future, _due in self._pending.values():
+            if not future.done():
+                future.set_exception(nats.errors.TimeoutError())
+        self._pending.clear()
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe failed error=%s", from_nats(exc))
+
+    async def submit(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> asyncio.Future[bool]:
+        """Publish; the future gives True if the stream took it for a duplicate.
+
+        The future fails with nats-py's exceptions: the stream's APIError, NoRespondersError
+        when no stream listens, TimeoutError when no PubAck came within `timeout_s`.
+        Raises the publish's own error (not connected, say) at once.
+        """
+        token = str(next(self._ids))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._pending[token] = (future, loop.time() + self.timeout_s)
+        if self._sweep is None:
+            self._sweep = loop.call_later(self.timeout_s / 4, self._expire)
+        try:
+            await self.nc.publish(
+                subject, payload, reply=f"{self._prefix}.{token}", headers=headers
+            )
+        except BaseException:
+            del self._pending[token]
+            raise
+        return future
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> bool:
+        """Publish and wait for the PubAck; True if the stream took it for a duplicate."""
+        return await (await self.submit(subject, payload, headers))
+
+    async def _on_ack(self, msg: Msg) -> None:
+        entry = self._pending.pop(msg.subject[len(self._prefix) + 1 :], None)
+        if entry is None or entry[0].done():
+            return  # timed out already, or not ours
+        future = entry[0]
+        if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
+            future.set_exception(nats.errors.NoRespondersError())
+            return
+        try:
+            reply = json.loads(msg.data)
+            if "error" in reply:
+                # It raises the error rather than return it (the cause of nats.py #985).
+                nats.js.errors.APIError.from_error(reply["error"])
+            future.set_result(bool(reply.get("duplicate")))
+        except nats.js.errors.APIError as exc:
+            future.set_exception(exc)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            future.set_exception(nats.errors.Error(f"unreadable PubAck: {exc}"))
+
+    def _expire(self) -> None:
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._pending:
+            token, (future, due) = next(iter(self._pending.items()))
+            if due > now:
+                break
+            del self._pending[token]
+            if not future.done():
+                future.set_exception(nats.errors.TimeoutError())
+        if self._pending:
+            self._sweep = loop.call_later(self.timeout_s / 4, self._expire)
