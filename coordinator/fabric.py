@@ -201,6 +201,12 @@ class Fabric:
                 # From the first chunk submitted to the last result in (overlaps submit_s).
                 phases["execute_s"] = time.perf_counter() - t_submit
             outcome, value = "failed" if results.n_failed else "done", aggregator.value()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # The coordinator is being stopped, not the job: like a crash, a rerun resumes it.
+            # Its consumer stays, so the acks of chunks still running land and nothing that
+            # finished is delivered again.
+            outcome = "stopped"
+            raise
         finally:
             pool.closing = True
             for task in grower:
@@ -213,9 +219,12 @@ class Fabric:
             series = await timeline.stop()
             await results.stop()
             await exhausted.stop()
-            if todo:  # a failed, timed-out or cancelled run deletes its consumer too
-                await self._delete_consumer(spec)
-            await record.finish(outcome, results.n_ok, results.n_failed, value)
+            if outcome == "stopped":
+                await record.stop()
+            else:
+                if todo:  # a failed, timed-out or cancelled run deletes its consumer too
+                    await self._delete_consumer(spec)
+                await record.finish(outcome, results.n_ok, results.n_failed, value)
         await self._sweep()
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0

@@ -140,12 +140,16 @@ class RunRecord:
             return bool(finished.result())
         raise JobCancelled(f"job {self.spec.job_id} was cancelled")
 
-    async def finish(self, state: str, n_ok: int, n_failed: int, value: Any = None) -> None:
-        """Record the outcome, unless the job was cancelled or removed meanwhile (best effort)."""
+    async def stop(self) -> None:
+        """Stop polling, recording nothing: the run was stopped, and a rerun resumes it."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+
+    async def finish(self, state: str, n_ok: int, n_failed: int, value: Any = None) -> None:
+        """Record the outcome, unless the job was cancelled or removed meanwhile (best effort)."""
+        await self.stop()
         if not self._started:
             return
         try:
