@@ -224,9 +224,53 @@ def _plain_bucket(settings: BrokerSettings, name: str) -> KeyValueConfig:
     )
 
 
+def jobs_stream_config(settings: BrokerSettings) -> StreamConfig:
+    """The jobs bucket's stream: nats-py's KV layout, history 1, but no rollup headers.
+
+    Tenants publish their own keys of this shared bucket directly; a stream taking rollup
+    headers would let any of them purge every tenant's keys with one `Nats-Rollup: all`.
+    Nothing purges this bucket through KV (`rm` uses the stream purge API as the operator).
+    """
+    s = settings.subjects
+    bucket = s.jobs_bucket()
+    return StreamConfig(
+        name=s.kv_stream(bucket),
+        subjects=[s.kv_subjects(bucket)],
+        max_msgs_per_subject=1,
+        allow_direct=True,
+        allow_rollup_hdrs=False,
+        deny_delete=True,
+        discard=DiscardPolicy.NEW,
+        storage=StorageType.FILE,
+        num_replicas=settings.replicas,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
 async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
-    """The job-spec bucket (`<tenant>.<job>` keys)."""
-    return await _bucket(js, settings, _plain_bucket(settings, settings.subjects.jobs_bucket()))
+    """The job-spec bucket (`<tenant>.<job>` keys), on a stream refusing rollups."""
+    config = jobs_stream_config(settings)
+    bucket = settings.subjects.jobs_bucket()
+    return await settings.call_retry.call(
+        lambda: _create_or_share(
+            lambda: _jobs_stream_once(js, config, bucket), lambda: js.key_value(bucket), bucket
+        ),
+        what=f"create bucket {bucket}",
+    )
+
+
+async def _jobs_stream_once(js: JetStreamContext, config: StreamConfig, bucket: str) -> KeyValue:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
+            raise
+        # Made by an older version, which took rollups: turn them off (the operator can).
+        info = await js.stream_info(str(config.name))
+        if info.config.allow_rollup_hdrs:
+            log.warning("turning off rollup headers on stream=%s", config.name)
+            await js.update_stream(info.config.evolve(allow_rollup_hdrs=False))
+    return await js.key_value(bucket)
 
 
 async def kernels_store(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> ObjectStore:

@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
-from vramfabric.broker import auth, tenants
+from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import ErrorKind, PermissionDenied
@@ -370,3 +370,40 @@ async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
     assert b_result.ok and b_result.n_ok == 30
     assert executions(str(tmp_path / "a")) == {i: 1 for i in range(60)}
     assert executions(str(tmp_path / "b")) == {i: 1 for i in range(30)}
+
+
+async def test_tenant_b_cannot_roll_up_the_shared_jobs_bucket(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given alice's job spec and run record in the shared jobs bucket
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    job = uuid.uuid4().hex[:12]
+    await a.js.publish(s.job_spec("alice", job), b"alice's spec")
+    await a.js.publish(s.kv_subject(s.jobs_bucket(), s.job_state_key("alice", job)), b"record")
+    # When bob publishes to one of his own keys with a rollup header purging the whole bucket
+    with pytest.raises(Exception) as refusal:
+        await b.js.publish(s.job_spec("bob", "x"), b"", headers={"Nats-Rollup": "all"})
+    # Then the server refuses it (the bucket's stream takes no rollups)
+    assert "rollup" in str(refusal.value).lower()
+    # And alice's keys survive, as the operator sees them
+    op = await connections(auth_fabric.operator)
+    kv = await op.js.key_value(s.jobs_bucket())
+    assert (await kv.get(s.job_key("alice", job))).value == b"alice's spec"
+    assert (await kv.get(s.job_state_key("alice", job))).value == b"record"
+
+
+async def test_a_jobs_bucket_made_with_rollups_on_is_turned_off(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given a jobs bucket made the old way (nats-py's KV, which takes rollup headers)
+    op_settings = attrs.evolve(auth_fabric.operator, prefix=f"u{uuid.uuid4().hex[:8]}")
+    s = op_settings.subjects
+    op = await connections(op_settings)
+    await op.js.create_key_value(bucket=s.jobs_bucket(), history=1, direct=True)
+    # When a process binds it through topology
+    await topology.jobs_bucket(op.js, op_settings)
+    # Then a rollup publish to it is refused by the server
+    with pytest.raises(Exception, match=r"(?i)rollup"):
+        await op.js.publish(s.job_spec("bob", "x"), b"", headers={"Nats-Rollup": "all"})
