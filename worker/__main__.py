@@ -21,6 +21,7 @@ from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.registry import load_registry
 
 from .agent import Agent
+from .hardening import make_undumpable
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import WorkerMetrics
 from .settings import WorkerSettings
@@ -161,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         level=VERBOSITY.get(args.verbose, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # The environment holds the workers' password: keep tenants' executors out of it.
+    make_undumpable()
     try:
         broker = BrokerSettings.from_env()
         settings = worker_settings(args)

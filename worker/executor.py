@@ -23,6 +23,7 @@ from vramfabric.kernels.code import Context, python_version
 from vramfabric.kernels.registry import load_registry
 
 from . import ipc
+from .hardening import make_undumpable
 from .running import Failure, WorkRunner, is_cuda_error, summary
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
@@ -189,6 +190,8 @@ def _private_pipes() -> tuple[BinaryIO, BinaryIO]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m vramfabric.worker.executor`."""
+    # Exec made this process dumpable again: one tenant's code must not read another's.
+    make_undumpable()
     parser = argparse.ArgumentParser(prog="vramfabric-executor")
     parser.add_argument("--simulated", action="store_true")
     parser.add_argument("--cpus", default="", help="comma-separated CPU ids to run on")
