@@ -13,11 +13,13 @@ TOML, one table per tenant plus the two service users:
     allow_code = true           # optional (default false): may run Python callables
 
 A password may be a bcrypt hash (`$2a$...`, from `nats server passwd`): nats-server accepts
-it, and the file then holds no secret, so workers may read it for the policy fields.
+it. Workers never need credentials: give them a policy file (`write_policy`): the same
+`[tenants.<name>]` tables without passwords or nkeys, and no service users.
 """
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +29,8 @@ import attrs
 
 from .settings import parse_size
 from .subjects import token
+
+log = logging.getLogger(__name__)
 
 OPERATOR_USER = "vf_operator"
 WORKERS_USER = "vf_workers"
@@ -58,10 +62,20 @@ class Tenant:
 
 
 @attrs.frozen
+class TenantRules:
+    """One tenant's policy alone (what workers read): quota, weight, code flag."""
+
+    name: str = attrs.field(validator=lambda _i, _a, v: token(v, "tenant"))
+    quota_bytes: int | None = None
+    weight: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    allow_code: bool = False
+
+
+@attrs.frozen
 class TenantPolicy:
     """What workers need of the tenants file: quotas, weights and code permission."""
 
-    tenants: Mapping[str, Tenant] = attrs.field(factory=dict)
+    tenants: Mapping[str, TenantRules] = attrs.field(factory=dict)
 
     def quota_bytes(self, tenant: str) -> int | None:
         """The tenant's quota; None when unlimited (or when no tenants file is in force)."""
@@ -92,7 +106,12 @@ class TenantsFile:
     @property
     def policy(self) -> TenantPolicy:
         """The policy part, by tenant name."""
-        return TenantPolicy({t.name: t for t in self.tenants})
+        return TenantPolicy(
+            {
+                t.name: TenantRules(t.name, t.quota_bytes, t.weight, t.allow_code)
+                for t in self.tenants
+            }
+        )
 
     def tenant(self, name: str) -> Tenant:
         """The tenant of that name; KeyError naming the known ones otherwise."""
@@ -131,6 +150,56 @@ def parse(raw: Mapping[str, Any]) -> TenantsFile:
     )
 
 
+def load_policy(path: str | Path) -> TenantPolicy:
+    """Read a policy file (or a full tenants file) for workers; ValueError naming the problem.
+
+    A file holding credentials is read too, with a warning: a worker needs none of them.
+    """
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        return parse_policy(raw, str(path))
+    except (OSError, tomllib.TOMLDecodeError, ValueError, TypeError) as exc:
+        raise ValueError(f"tenants file {path}: {exc}") from None
+
+
+def parse_policy(raw: Mapping[str, Any], where: str = "tenants file") -> TenantPolicy:
+    """Build the policy from parsed TOML; credentials, if present, are checked and dropped."""
+    if "operator" in raw or "workers" in raw:
+        log.warning("%s holds service credentials; workers need only its policy", where)
+        return parse(raw).policy
+    unknown = set(raw) - {"tenants"}
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}")
+    tenants_raw = raw.get("tenants") or {}
+    if not isinstance(tenants_raw, Mapping) or not tenants_raw:
+        raise ValueError("no [tenants.<name>] table")
+    policy = {}
+    for name, body in tenants_raw.items():
+        if isinstance(body, Mapping) and ("password" in body or "nkey" in body):
+            log.warning("%s holds tenants' credentials; workers need only its policy", where)
+        policy[name] = _rules(name, body)
+    return TenantPolicy(policy)
+
+
+def policy_text(policy: TenantPolicy) -> str:
+    """A policy file's TOML: quotas (bytes), weights and code flags, no credentials."""
+    lines = ["# Tenants' policy for workers: no credentials (written from the tenants file)."]
+    for name, t in sorted(policy.tenants.items()):
+        lines.append(f"[tenants.{name}]")
+        if t.quota_bytes is not None:
+            lines.append(f"quota = {t.quota_bytes}")
+        lines.append(f"weight = {t.weight!r}")
+        lines.append(f"allow_code = {'true' if t.allow_code else 'false'}")
+    return "\n".join(lines) + "\n"
+
+
+def write_policy(policy: TenantPolicy, path: str | Path) -> Path:
+    """Write the policy file workers read (VRAMFABRIC_TENANTS); it holds no secret."""
+    out = Path(path)
+    out.write_text(policy_text(policy))
+    return out
+
+
 def _credential(what: str, body: Any) -> Credential:
     if not isinstance(body, Mapping):
         raise ValueError(f"[{what}] needs a password or an nkey")
@@ -140,7 +209,7 @@ def _credential(what: str, body: Any) -> Credential:
         raise ValueError(f"[{what}]: {exc}") from None
 
 
-def _tenant(name: str, body: Any) -> Tenant:
+def _rules(name: str, body: Any) -> TenantRules:
     if not isinstance(body, Mapping):
         raise ValueError(f"[tenants.{name}] must be a table")
     unknown = set(body) - {"password", "nkey", "quota", "weight", "allow_code"}
@@ -148,12 +217,17 @@ def _tenant(name: str, body: Any) -> Tenant:
         raise ValueError(f"[tenants.{name}]: unknown keys {sorted(unknown)}")
     quota = body.get("quota")
     try:
-        return Tenant(
+        return TenantRules(
             name=name,
-            credential=_credential(f"tenants.{name}", body),
             quota_bytes=None if quota is None else parse_size(str(quota)),
             weight=float(body.get("weight", 1.0)),
             allow_code=bool(body.get("allow_code", False)),
         )
     except ValueError as exc:
         raise ValueError(f"[tenants.{name}]: {exc}") from None
+
+
+def _tenant(name: str, body: Any) -> Tenant:
+    rules = _rules(name, body)
+    credential = _credential(f"tenants.{name}", body)
+    return Tenant(name, credential, rules.quota_bytes, rules.weight, rules.allow_code)

@@ -104,10 +104,11 @@ def cmd_server(args: argparse.Namespace) -> int:
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
     elif args.tenants:
-        server = _auth_server(args)
+        server, policy = _auth_server(args)
         hint = (
             f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
-            "VRAMFABRIC_NATS_PASSWORD=<its password>"
+            "VRAMFABRIC_NATS_PASSWORD=<its password>; workers (no passwords but their own): "
+            f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} VRAMFABRIC_TENANTS={policy}"
         )
     else:
         server = NatsServer(port=args.port, store_dir=args.store).start()
@@ -154,11 +155,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     return RET_OK
 
 
-def _auth_server(args: argparse.Namespace) -> NatsServer:
-    """A server with the config generated from the tenants file, provisioned as the operator.
+def _auth_server(args: argparse.Namespace) -> tuple[NatsServer, Path]:
+    """A server with the tenants file's config, provisioned; and the workers' policy file.
 
-    The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
-    holds it in plain text (a bcrypt hash cannot log in).
+    The policy file (no credentials) is written beside the config. The operator's password
+    comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it holds it in plain text (a
+    bcrypt hash cannot log in).
     """
     file = tenants.load(args.tenants)
     broker = BrokerSettings.from_env()
@@ -167,6 +169,7 @@ def _auth_server(args: argparse.Namespace) -> NatsServer:
         raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
     folder = tempfile.mkdtemp(prefix="vramfabric-auth-")
     config = auth.write_config(file, broker.subjects, Path(folder) / "server.json", port=args.port)
+    policy = tenants.write_policy(file.policy, Path(folder) / "policy.toml")
     server = NatsServer(config_file=str(config), store_dir=args.store).start()
     try:
         operator = auth.settings_for(
@@ -176,7 +179,7 @@ def _auth_server(args: argparse.Namespace) -> NatsServer:
     except BaseException:
         server.stop()
         raise
-    return server
+    return server, policy
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -71,10 +71,19 @@ class LocalFleet:
         password = self._tenants.tenant(tenant).credential.password
         return auth.settings_for(self.broker, tenant, password)
 
+    @property
+    def policy_file(self) -> Path:
+        """The tenants' policy file workers read (no credentials); auth on only."""
+        assert self._config_dir is not None, "no tenants file"
+        return Path(self._config_dir.name) / "policy.toml"
+
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
         if self.tenants_file is not None:
             self._tenants = tenants.load(self.tenants_file)
+            self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
+            # Workers get the policy alone: tenants' code on a node never finds a password.
+            tenants.write_policy(self._tenants.policy, self.policy_file)
         if self.url is None:
             self.server = self._start_server()
         try:
@@ -92,7 +101,7 @@ class LocalFleet:
         if self.tenants_file is None:
             return NatsServer(port=self.port).start()
         assert self._tenants is not None
-        self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
+        assert self._config_dir is not None
         config = Path(self._config_dir.name) / "server.json"
         auth.write_config(
             self._tenants, BrokerSettings(prefix=self.prefix).subjects, config, port=self.port
@@ -116,7 +125,7 @@ class LocalFleet:
             env.update(
                 VRAMFABRIC_NATS_USER=tenants.WORKERS_USER,
                 VRAMFABRIC_NATS_PASSWORD=self._tenants.workers.password or "",
-                VRAMFABRIC_TENANTS=self.tenants_file,
+                VRAMFABRIC_TENANTS=str(self.policy_file),
             )
         cmd = [
             sys.executable,

@@ -94,7 +94,7 @@ class Agent:
         )
         self.executors = ExecutorPool(self.settings, gpus)
         policy = (
-            tenants.load(self.settings.tenants_file).policy
+            tenants.load_policy(self.settings.tenants_file)
             if self.settings.tenants_file
             else tenants.TenantPolicy()
         )

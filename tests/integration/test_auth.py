@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import tomllib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
 
 # A refusal must come from the server's violation report, well before a request timeout.
@@ -72,6 +74,11 @@ class AuthFabric:
     def tenant(self, name: str) -> BrokerSettings:
         """A tenant's settings."""
         return self.as_user(name, f"{name}-secret")
+
+    @property
+    def policy(self) -> Path:
+        """Where the workers' policy file (no credentials) goes."""
+        return self.path.with_name("policy.toml")
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +263,7 @@ async def agents(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitab
             heartbeat_s=0.2,
             drain_grace_s=1.0,
             kernel_modules=("tests.kernels_for_tests",),
-            tenants_file=str(auth_fabric.path),
+            tenants_file=str(tenants.write_policy(auth_fabric.file.policy, auth_fabric.policy)),
             **kw,
         )
         agent = Agent(auth_fabric.worker, settings, await connect(auth_fabric.worker, name=node))
@@ -407,3 +414,24 @@ async def test_a_jobs_bucket_made_with_rollups_on_is_turned_off(
     # Then a rollup publish to it is refused by the server
     with pytest.raises(Exception, match=r"(?i)rollup"):
         await op.js.publish(s.job_spec("bob", "x"), b"", headers={"Nats-Rollup": "all"})
+
+
+def test_local_workers_get_a_policy_file_without_passwords(tmp_path: Path) -> None:
+    # Given a local fleet with auth on, its tenants file holding every password
+    path = tmp_path / "tenants.toml"
+    path.write_text(TENANTS_TOML)
+    with LocalFleet(
+        workers=1, simulate="1x2GiB", slice_size="1GiB", tenants_file=str(path)
+    ) as fleet:
+        # When we look at what its worker process was given
+        environ = Path(f"/proc/{fleet.procs[0].pid}/environ").read_bytes().decode()
+        env = dict(kv.split("=", 1) for kv in environ.split("\0") if "=" in kv)
+        given = Path(env["VRAMFABRIC_TENANTS"]).read_text()
+    # Then no tenant's or the operator's password is in its environment or its tenants file
+    for secret in ("op-secret", "alice-secret", "bob-secret"):
+        assert secret not in environ and secret not in given
+    # And the file still carries the policy: quotas, weights, who may run code
+    policy = tenants.parse_policy(tomllib.loads(given))
+    assert policy == tenants.load(path).policy
+    assert policy.quota_bytes("alice") == 6 * 2**30 and policy.allows_code("alice")
+    assert not policy.allows_code("bob")

@@ -1,5 +1,7 @@
-"""Node agents and executors are not dumpable: tenants' code of the same OS user cannot read
-their environment (the workers' NATS password) through /proc/<pid>/environ or ptrace them.
+"""Node agents and executors are not dumpable (prctl), so tenants' code cannot read them.
+
+Tenants' code runs as the worker's OS user; a dumpable agent would show it the workers' NATS
+password through /proc/<pid>/environ (or ptrace).
 
 Tests run as root here, and root reads any process's /proc files, dumpable or not; so these
 tests check the flag itself (PR_GET_DUMPABLE, from inside each process), not a refused read.
