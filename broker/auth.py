@@ -57,6 +57,22 @@ def _shared_kv_read(stream: str) -> list[str]:
     ]
 
 
+def _object_put(s: Subjects, bucket: str) -> list[str]:
+    """Putting objects into a store, nothing that reads their data back.
+
+    An object put publishes chunks and a meta message, looks the name's old meta up by a
+    direct get of the meta subject (worker/store.py), and purges replaced or failed chunks.
+    Message gets by sequence and direct gets of chunk subjects are left out: they read data.
+    """
+    stream = s.object_stream(bucket)
+    return [
+        s.object_subjects(bucket),
+        f"{_API}.STREAM.INFO.{stream}",
+        f"{_API}.STREAM.PURGE.{stream}",
+        f"{_API}.DIRECT.GET.{stream}.{s.object_meta_subjects(bucket)}",
+    ]
+
+
 def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
     """The publish and subscribe allow-lists of one tenant's user."""
     kernels, outputs = s.kernels_store(tenant), s.outputs_store(tenant)
@@ -113,10 +129,7 @@ def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]
             f"{_API}.CONSUMER.MSG.NEXT.{work}.*",
             f"$JS.ACK.{work}.>",
             *_shared_kv_read(s.object_stream(kernels)),
-            f"{_API}.STREAM.INFO.{s.object_stream(outputs)}",
-            f"{_API}.STREAM.MSG.GET.{s.object_stream(outputs)}",
-            f"{_API}.DIRECT.GET.{s.object_stream(outputs)}.>",
-            s.object_subjects(outputs),
+            *_object_put(s, outputs),
         ]
     subscribe = [
         f"{s.inbox_prefix(WORKERS_USER)}.>",

@@ -7,6 +7,7 @@ docs/protocol.md mirrors this file and a test holds the two together.
 
 from __future__ import annotations
 
+import base64
 import re
 
 import attrs
@@ -181,6 +182,17 @@ class Subjects:
     def object_subjects(bucket: str) -> str:
         """Wildcard over the chunk and meta subjects of an object store."""
         return f"$O.{token(bucket, 'bucket')}.>"
+
+    @staticmethod
+    def object_meta(bucket: str, name: str) -> str:
+        """The meta subject of one object (nats-py's naming: the name, urlsafe base64)."""
+        encoded = base64.urlsafe_b64encode(name.encode()).decode()
+        return f"$O.{token(bucket, 'bucket')}.M.{encoded}"
+
+    @staticmethod
+    def object_meta_subjects(bucket: str) -> str:
+        """Wildcard over the meta subjects (one per object name) of an object store."""
+        return f"$O.{token(bucket, 'bucket')}.M.>"
 
     @staticmethod
     def inbox_prefix(user: str) -> str:

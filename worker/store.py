@@ -8,19 +8,43 @@ as `<job>.<chunk>`, and the result names the object.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import attrs
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.api import ObjectInfo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import topology
 from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+
+class PutOnlyStore(ObjectStore):
+    """nats-py's object store, looking an object's meta up by direct get of its subject.
+
+    `put` reads the name's current meta (to purge the chunks it replaces); nats-py does that
+    with a message get, whose grant would read any chunk of the store. The workers' user is
+    only granted direct gets of meta subjects (broker/auth.py), so it cannot read outputs.
+    """
+
+    async def get_info(self, name: str, show_deleted: bool | None = False) -> ObjectInfo:
+        """The object's meta; ObjectNotFoundError if there is none (or it is deleted)."""
+        meta = Subjects.object_meta(self._name, name)
+        try:
+            msg = await self._js.get_msg(self._stream, subject=meta, direct=True)
+        except nats.js.errors.NotFoundError:
+            raise nats.js.errors.ObjectNotFoundError from None
+        info = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
+        if not show_deleted and info.deleted:
+            raise nats.js.errors.ObjectNotFoundError
+        return info
 
 
 @attrs.define
@@ -67,7 +91,11 @@ class ChunkStore:
         name = self.broker.subjects.output_object(job, index)
         store = self._outputs.get(tenant)
         if store is None:
-            store = await topology.outputs_store(self.js, self.broker, tenant)
+            bucket = self.broker.subjects.outputs_store(tenant)
+            await topology.outputs_store(self.js, self.broker, tenant)
+            store = PutOnlyStore(
+                name=bucket, stream=self.broker.subjects.object_stream(bucket), js=self.js
+            )
             self._outputs[tenant] = store
         with nats_errors():
             await store.put(name, output)

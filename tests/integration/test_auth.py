@@ -30,6 +30,7 @@ from vramfabric.coordinator.aggregate import Gather
 from vramfabric.coordinator.leasing import LeasePool
 from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
+from vramfabric.worker.store import PutOnlyStore
 
 # A refusal must come from the server's violation report, well before a request timeout.
 REQUEST_TIMEOUT_S = 5.0
@@ -435,3 +436,41 @@ def test_local_workers_get_a_policy_file_without_passwords(tmp_path: Path) -> No
     assert policy == tenants.load(path).policy
     assert policy.quota_bytes("alice") == 6 * 2**30 and policy.allows_code("alice")
     assert not policy.allows_code("bob")
+
+
+async def test_worker_user_stores_large_outputs_but_cannot_read_them(
+    auth_fabric: AuthFabric, connections: Any, agents: Any, fabrics: Any
+) -> None:
+    # Given a node whose outputs over 16 bytes go to the tenant's outputs store
+    await agents("n-out", inline_output_bytes=16, allow_code=True)
+    alice = await fabrics("alice")
+    await eventually(lambda: bool(alice.fleet.adverts))
+    # When alice runs a job with outputs larger than that
+    done = await alice.run(Job(bytes, [1000, 2000]), Gather(), timeout_s=30)
+    # Then the worker stored them and alice reads them back
+    assert done.ok, done.failures[0].error
+    assert done.value == [bytes(1000), bytes(2000)]
+    # And the workers' user cannot read any of them back: not by sequence, not by subject
+    s = auth_fabric.base.subjects
+    store = s.outputs_store("alice")
+    stream = s.object_stream(store)
+    op = await connections(auth_fabric.operator)
+    first = await op.js.get_msg(stream, 1)
+    assert first.subject.startswith(f"$O.{store}.C.")
+    w = await connections(auth_fabric.worker)
+    assert await refused(w.js.get_msg(stream, 1)) < PROMPT_S
+    assert await refused(w.js.get_msg(stream, 1, direct=True)) < PROMPT_S
+    assert await refused(w.js.get_msg(stream, subject=first.subject)) < PROMPT_S
+    assert await refused(w.js.get_msg(stream, subject=first.subject, direct=True)) < PROMPT_S
+    with pytest.raises(PermissionDenied):
+        await w.js.subscribe(first.subject, stream=stream, ordered_consumer=True)
+
+    # And a worker overwriting an object (a chunk run again) replaces its chunks
+    put_only = PutOnlyStore(name=store, stream=stream, js=w.js)
+    await put_only.put("again.0", b"first" * 100)
+    await put_only.put("again.0", b"second" * 100)
+    got = await (await op.js.object_store(store)).get("again.0")
+    assert got.data == b"second" * 100
+    info = await op.js.stream_info(stream, subjects_filter=f"$O.{store}.C.>")
+    chunk_subjects = set(info.state.subjects or {})
+    assert len(chunk_subjects) == 3  # two outputs of the job, one of "again.0"
