@@ -96,6 +96,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """Run an embedded nats-server in the foreground until interrupted."""
+    if args.cluster > 1 and args.tenants:
+        # The cluster would start without the tenants' config: auth silently off.
+        err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
+        return RET_USAGE
     # Block the stop signals first so sigwait receives them instead of their default action.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     server: NatsServer | LocalCluster

@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
+from vramfabric import cli
 from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
@@ -474,3 +475,17 @@ async def test_worker_user_stores_large_outputs_but_cannot_read_them(
     info = await op.js.stream_info(stream, subjects_filter=f"$O.{store}.C.>")
     chunk_subjects = set(info.state.subjects or {})
     assert len(chunk_subjects) == 3  # two outputs of the job, one of "again.0"
+
+
+def test_a_cluster_with_a_tenants_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a tenants file
+    path = tmp_path / "tenants.toml"
+    path.write_text(TENANTS_TOML)
+    # When `vramfabric server` is asked for a cluster with it
+    code = cli.main(["server", "--cluster", "3", "--tenants", str(path), "--port", "-1"])
+    # Then it refuses with a usage error naming both flags, instead of running with auth off
+    assert code == cli.RET_USAGE == 2
+    message = capsys.readouterr().err
+    assert "--cluster" in message and "--tenants" in message
