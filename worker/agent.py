@@ -87,7 +87,18 @@ class Agent:
         )
 
     async def start(self) -> None:
-        """Discover GPUs, publish the first advert and start serving lease requests."""
+        """Discover GPUs, publish the first advert and start serving lease requests.
+
+        Raises:
+            ValueError: auth is on (the workers' user) but no tenants file is given, which
+                would let every tenant run code with no quota.
+        """
+        if self.broker.user == tenants.WORKERS_USER and not self.settings.tenants_file:
+            raise ValueError(
+                f"connected as {tenants.WORKERS_USER} (auth on) but VRAMFABRIC_TENANTS is not "
+                "set: give workers the tenants' policy file, or every tenant could run code "
+                "with no quota"
+            )
         gpus = discover(self.settings)
         self.ledger = SliceLedger(
             self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import tomllib
 import uuid
@@ -489,3 +492,23 @@ def test_a_cluster_with_a_tenants_file_is_refused(
     assert code == cli.RET_USAGE == 2
     message = capsys.readouterr().err
     assert "--cluster" in message and "--tenants" in message
+
+
+def test_a_worker_with_auth_on_and_no_tenants_file_refuses_to_start(
+    auth_fabric: AuthFabric,
+) -> None:
+    # Given the workers' credentials but no VRAMFABRIC_TENANTS
+    env = {k: v for k, v in os.environ.items() if k != "VRAMFABRIC_TENANTS"}
+    env.update(
+        VRAMFABRIC_NATS_URL=auth_fabric.base.url,
+        VRAMFABRIC_PREFIX=auth_fabric.base.prefix,
+        VRAMFABRIC_NATS_USER=tenants.WORKERS_USER,
+        VRAMFABRIC_NATS_PASSWORD="worker-secret",
+    )
+    # When a worker starts
+    cmd = [sys.executable, "-m", "vramfabric.worker", "--simulate", "1x2GiB", "--node", "open"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    # Then it refuses with a usage error naming the missing setting (it would fail open)
+    assert done.returncode == 2, done.stderr
+    assert "VRAMFABRIC_TENANTS" in done.stderr
+    assert "worker ready" not in done.stdout
