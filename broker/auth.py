@@ -194,7 +194,7 @@ def write_config(
 
 def settings_for(base: BrokerSettings, user: str, password: str | None) -> BrokerSettings:
     """`base` connecting as `user` (tests and the local fabric; a deployment uses the env)."""
-    return attrs.evolve(base, user=user, password=password, creds_file=None)
+    return attrs.evolve(base, user=user, password=password, creds_file=None, nkey_seed_file=None)
 
 
 async def provision_tenants(operator: BrokerSettings, tenants: TenantsFile) -> None:

@@ -184,7 +184,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         "reconnected_cb": on_reconnect,
     }
     options.update(_credentials(settings))
-    authenticated = bool(settings.user or settings.creds_file)
+    authenticated = bool(settings.user or settings.creds_file or settings.nkey_seed_file)
     nc = GuardedClient(guard=authenticated, flush_timeout_s=settings.request_timeout_s)
     try:
         # The first connect retries until the deadline, then fails rather than hang forever.
@@ -192,9 +192,9 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     except Exception as exc:
         await nc.close()
         if _refused(exc, nc):
+            who = settings.user or settings.creds_file or settings.nkey_seed_file
             raise PermissionDenied(
-                f"NATS at {settings.url} refused the credentials of "
-                f"{settings.user or settings.creds_file or 'an anonymous client'}"
+                f"NATS at {settings.url} refused the credentials of {who or 'an anonymous client'}"
             ) from exc
         err = _connect_error(settings, exc)
         if err is exc:
@@ -218,12 +218,13 @@ def _credentials(settings: BrokerSettings) -> dict[str, Any]:
     """Connect options that say who we are, and the inbox prefix that goes with it."""
     options: dict[str, Any] = {}
     if settings.user:
-        # Each user reads replies only under its own prefix (the server enforces it).
-        options.update(
-            user=settings.user,
-            password=settings.password,
-            inbox_prefix=Subjects.inbox_prefix(settings.user),
-        )
+        # Each user reads replies only under its own prefix (the server enforces it). With
+        # an nkey, the user names only the prefix: the nkey is who we are.
+        options["inbox_prefix"] = Subjects.inbox_prefix(settings.user)
+        if not settings.nkey_seed_file:
+            options.update(user=settings.user, password=settings.password)
+    if settings.nkey_seed_file:
+        options["nkeys_seed"] = settings.nkey_seed_file
     if settings.creds_file:
         options["user_credentials"] = settings.creds_file
     return options

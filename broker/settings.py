@@ -83,6 +83,8 @@ class BrokerSettings:
     user: str | None = None
     password: str | None = None
     creds_file: str | None = None
+    # A file holding the user's nkey seed (`SU...`): logs in with the nkey, not a password.
+    nkey_seed_file: str | None = None
     replicas: int = attrs.field(default=1, validator=attrs.validators.in_((1, 3, 5)))
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 2.0
@@ -122,6 +124,7 @@ class BrokerSettings:
             user=environ.get("VRAMFABRIC_NATS_USER") or None,
             password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,
             creds_file=environ.get("VRAMFABRIC_NATS_CREDS") or None,
+            nkey_seed_file=environ.get("VRAMFABRIC_NATS_NKEY_SEED") or None,
             replicas=env_int(environ, "VRAMFABRIC_REPLICAS", 1),
             connect_timeout_s=env_float(environ, "VRAMFABRIC_CONNECT_TIMEOUT_S", 2.0),
             request_timeout_s=env_float(environ, "VRAMFABRIC_REQUEST_TIMEOUT_S", 2.0),

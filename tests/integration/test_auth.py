@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import nkeys
 import pytest
 import pytest_asyncio
 from nats.js.api import ConsumerConfig
@@ -51,7 +52,14 @@ quota = "6GiB"
 allow_code = true
 [tenants.bob]
 password = "bob-secret"
+[tenants.carol]
+nkey = "{carol}"
 """
+# carol logs in with an nkey (her seed stays with her; the file holds the public key).
+CAROL_SEED = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+TENANTS_TOML = TENANTS_TOML.replace(
+    "{carol}", nkeys.from_seed(bytearray(CAROL_SEED)).public_key.decode()
+)
 
 
 @attrs.frozen
@@ -514,3 +522,25 @@ def test_a_worker_with_auth_on_and_no_tenants_file_refuses_to_start(
     assert done.returncode == 2, done.stderr
     assert "VRAMFABRIC_TENANTS" in done.stderr
     assert "worker ready" not in done.stdout
+
+
+async def test_a_tenant_logs_in_with_an_nkey(auth_fabric: AuthFabric, tmp_path: Path) -> None:
+    # Given carol's nkey seed in a file, and another seed the server does not know
+    seed = tmp_path / "carol.nk"
+    seed.write_bytes(CAROL_SEED)
+    stranger = tmp_path / "stranger.nk"
+    stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    s = auth_fabric.base.subjects
+    carol = attrs.evolve(auth_fabric.base, user="carol", nkey_seed_file=str(seed))
+    # When carol connects with hers (as VRAMFABRIC_NATS_NKEY_SEED would)
+    conn = await connect(carol, name="carol")
+    try:
+        # Then she is carol: her own work subject takes a chunk, alice's refuses one
+        ack = await conn.js.publish(s.work("carol", "job1"), b"x")
+        assert ack.stream == s.work_stream("carol")
+        assert await refused(conn.js.publish(s.work("alice", "job1"), b"x")) < PROMPT_S
+    finally:
+        await conn.close()
+    # And an unknown seed is refused at connect
+    with pytest.raises(PermissionDenied):
+        await connect(attrs.evolve(carol, nkey_seed_file=str(stranger)), name="stranger")
