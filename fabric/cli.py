@@ -247,7 +247,7 @@ def _plot(series: Any, path: str) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
-    status = status_dict(adverts, CoordinatorSettings.from_env().slice_bytes)
+    status = status_dict(adverts)
     policy = tenants.load(args.tenants).policy if args.tenants else tenants.TenantPolicy()
     status["tenants"] = tenant_rows(adverts, policy)
     if args.json:

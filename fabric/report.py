@@ -166,8 +166,11 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def status_dict(adverts: list[NodeAdvert], slice_bytes: int) -> dict[str, Any]:
-    """The fleet in numbers: nodes, GPUs, slices free and leased, leases by tenant and job."""
+def status_dict(adverts: list[NodeAdvert]) -> dict[str, Any]:
+    """The fleet in numbers: nodes, GPUs, slices free and leased, leases by tenant and job.
+
+    Slices are each GPU's own (its advert's `slice_bytes`), not any client's setting.
+    """
     leases_by_job: dict[str, int] = {}
     for a in adverts:
         for key, n in a.jobs.items():
@@ -180,8 +183,8 @@ def status_dict(adverts: list[NodeAdvert], slice_bytes: int) -> dict[str, Any]:
         "nodes": [advert_dict(a) for a in adverts],
         "n_nodes": len(adverts),
         "n_gpus": sum(len(a.gpus) for a in adverts),
-        "slice_bytes": slice_bytes,
-        "slices_free": sum(a.free_slices(slice_bytes) for a in adverts),
+        "slice_bytes": sorted({g.slice_bytes for a in adverts for g in a.gpus}),
+        "slices_free": sum(g.free_slices(g.slice_bytes) for a in adverts for g in a.gpus),
         "leases": sum(leases_by_job.values()),
         "leased_bytes": sum(g.leased_bytes for a in adverts for g in a.gpus),
         "leases_by_tenant": tenants,
@@ -197,7 +200,8 @@ def print_status(s: dict[str, Any]) -> None:
         return
     print(
         f"{s['n_nodes']} node(s), {s['n_gpus']} GPU(s): {s['slices_free']} slices of "
-        f"{s['slice_bytes'] / 2**20:.0f} MiB free, {s['leases']} leased"
+        f"{' or '.join(f'{b / 2**20:.0f}' for b in s['slice_bytes'])} MiB free, "
+        f"{s['leases']} leased"
     )
     for node in s["nodes"]:
         free = sum(g["free_bytes"] for g in node["gpus"])

@@ -124,13 +124,16 @@ def test_cli_run_and_status_against_a_running_fabric(
     try:
         wait_for_line(worker.stdout, "worker ready", timeout_s=20)
         # When a user asks for the status
+        client_env = dict(env, VRAMFABRIC_SLICE_BYTES="1GiB")  # not the worker's slice size
         status = subprocess.run(
-            [*CLI, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
+            [*CLI, "status", "--json"], env=client_env, capture_output=True, text=True, timeout=30
         )
         assert status.returncode == 0, status.stderr
         nodes = json.loads(status.stdout)["nodes"]
         assert [n["node"] for n in nodes] == ["cli-node"]
         assert sum(g["free_bytes"] for g in nodes[0]["gpus"]) == 16 * 2**30
+        # counted in the worker's 512 MiB slices, not the client's VRAMFABRIC_SLICE_BYTES
+        assert json.loads(status.stdout)["slices_free"] == 32
         # And runs a JOB.toml
         jobfile = tmp_path / "job.toml"
         jobfile.write_text(
