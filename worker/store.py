@@ -41,7 +41,7 @@ class PutOnlyStore(ObjectStore):
             msg = await self._js.get_msg(self._stream, subject=meta, direct=True)
         except nats.js.errors.NotFoundError:
             raise nats.js.errors.ObjectNotFoundError from None
-        info = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
+        info: ObjectInfo = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
         if not show_deleted and info.deleted:
             raise nats.js.errors.ObjectNotFoundError
         return info
