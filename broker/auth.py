@@ -46,7 +46,11 @@ def _stream_reads(stream: str) -> list[str]:
 
 
 def _shared_kv_read(stream: str) -> list[str]:
-    """Reading a shared KV bucket: server-named ephemeral consumers only (no name to hijack)."""
+    """Reading a shared KV bucket: gets, and consumers through the old-style create subject.
+
+    Our clients make server-named ephemeral consumers there, but the old-style subject
+    carries any name in its payload: a user could create a named one (docs/operations.md).
+    """
     return [
         f"{_API}.STREAM.INFO.{stream}",
         f"{_API}.STREAM.MSG.GET.{stream}",
