@@ -14,6 +14,7 @@ tells JetStream when to deliver a chunk again; this one retries a single client 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -83,8 +84,19 @@ class CallRetry:
             TransientError: the call still failed at the deadline (or when `give_up()` said so).
             PermanentError: at once, on the first permanent failure.
         """
+        # The first attempt runs bare: on the hot path (a result publish per chunk) building
+        # the retry machinery for a call that succeeds cost a fifth of a node agent's CPU.
+        started = time.monotonic()
+        try:
+            with nats_errors():
+                return await make()
+        except TransientError as exc:
+            first: TransientError | None = exc
+        deadline_s = self.deadline_s
+        if deadline_s is not None:
+            deadline_s -= time.monotonic() - started
         stops: list[stop_base] = [
-            stop_never if self.deadline_s is None else stop_before_delay(self.deadline_s)
+            stop_never if deadline_s is None else stop_before_delay(max(deadline_s, 0.0))
         ]
         if give_up is not None:
             stops.append(_GiveUp(give_up))
@@ -97,6 +109,10 @@ class CallRetry:
         )
 
         async def attempt() -> T:
+            nonlocal first
+            if first is not None:  # the bare attempt's failure, counted as attempt 1
+                failed, first = first, None
+                raise failed
             with nats_errors():
                 return await make()
 

@@ -30,6 +30,7 @@ from vramfabric.broker.errors import (
     nats_errors,
 )
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
 
@@ -57,6 +58,7 @@ class ChunkHandler:
     # This tenant's series, looked up once rather than per chunk.
     _submits: Counter = attrs.field(init=False)
     _submit_s: Histogram = attrs.field(init=False)
+    _publish_retry: CallRetry = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         """One keepalive for the job's running chunks; subject names and series bound once."""
@@ -64,6 +66,8 @@ class ChunkHandler:
         self._subjects = self.broker.subjects
         self._submits = self.metrics.submit_total.labels(tenant=self.spec.tenant)
         self._submit_s = self.metrics.submit_seconds.labels(tenant=self.spec.tenant)
+        policy = self.broker.call_retry
+        self._publish_retry = policy.within(max(self.spec.ack_wait_s, policy.deadline_s or 0.0))
 
     @property
     def job(self) -> str:
@@ -157,9 +161,7 @@ class ChunkHandler:
     async def _publish_patiently(self, result: ChunkResult, work_seq: int) -> None:
         # While the results stream elects a leader, keep the computed result and retry,
         # rather than nak and compute it again: the keepalive holds the chunk meanwhile.
-        policy = self.broker.call_retry
-        policy = policy.within(max(self.spec.ack_wait_s, policy.deadline_s or 0.0))
-        await policy.call(
+        await self._publish_retry.call(
             lambda: self._publish(result, work_seq),
             what=f"publish result job={self.job} index={result.index}",
             give_up=self.stopping,
