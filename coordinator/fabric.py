@@ -225,7 +225,7 @@ class Fabric:
                 if todo:  # a failed, timed-out or cancelled run deletes its consumer too
                     await self._delete_consumer(spec)
                 await record.finish(outcome, results.n_ok, results.n_failed, value)
-        await self._sweep()
+                await self._sweep()  # after every run that ended, well or not
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
         self.metrics.job_seconds.labels(tenant=spec.tenant).observe(phases["total_s"])
@@ -298,7 +298,7 @@ class Fabric:
             log.warning("job consumer not deleted job=%s error=%s", spec.job_id, exc)
 
     async def _sweep(self) -> None:
-        """Remove the tenant's jobs finished longer ago than the retention (best effort)."""
+        """Remove the tenant's jobs finished longer ago than the retention (best effort, logged)."""
         if not self.settings.job_retention_s:
             return
         try:

@@ -3,11 +3,15 @@
 A job is its spec (KV `vf_jobs` `<tenant>.<job>`), its run record (`<tenant>.<job>.state`,
 see record.py), its durable consumer and queued chunks in the work stream, its results in
 the results stream, its max-deliveries advisories, checkpoints and large outputs. The
-results stream is the truth about progress: counts are read from it, not from the record.
+results stream is the truth about a job still running; a finished job's record holds its
+counts. Everything here works with auth on, as the tenant: the shared jobs bucket is read
+key by key with direct gets and written with plain publishes (broker/auth.py), and a job's
+id is found in the tenant's own work and results streams, not by listing the bucket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -21,11 +25,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, JobNotFound, from_nats
+from vramfabric.broker.errors import InvalidMessage, JobNotFound, PermissionDenied, nats_errors
 from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .record import read_record, write_record
+from .record import delete_key, read_key, read_record, read_record_at, write_record
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +68,58 @@ class JobInfo:
 
 
 async def list_jobs(conn: Connection, broker: BrokerSettings, tenant: str) -> list[JobInfo]:
-    """Every stored job of the tenant, oldest first."""
-    kv = await topology.jobs_bucket(conn.js, broker)
-    try:
-        keys = await kv.keys()  # its `filters` match substrings, not subject wildcards
-    except nats.js.errors.NoKeysError:
-        return []
-    except Exception as exc:
-        raise from_nats(exc) from exc
+    """Every stored job of the tenant, oldest first; finished ones counted from their record."""
     infos = []
-    for key in keys:
-        owner, _, job = key.partition(".")
-        if owner != tenant or "." in job:  # another tenant's, or a run record
-            continue
+    for job in sorted(await _job_ids(conn, broker, tenant)):
         try:
-            infos.append(await inspect(conn, broker, tenant, job))
-        except JobNotFound:  # removed between keys() and get()
+            infos.append(await inspect(conn, broker, tenant, job, scan=False))
+        except JobNotFound:  # results left by a removed job (`sweep` clears them)
             continue
     return sorted(infos, key=lambda i: (i.started_at, i.job))
 
 
-async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> JobInfo:
+async def _job_ids(conn: Connection, broker: BrokerSettings, tenant: str) -> set[str]:
+    """Ids of the tenant's jobs with queued chunks or results, from its own streams' subjects.
+
+    Not from the shared jobs bucket: listing its keys needs the KV API, which would show
+    every tenant's. The server lists up to 100,000 subjects per stream here; a job with no
+    chunk queued nor any result yet (stopped before submitting) is not listed.
+    """
+    s = broker.subjects
+    ids: set[str] = set()
+    for stream, subjects in (
+        (s.work_stream(tenant), s.work_filter(tenant)),
+        (s.results_stream(tenant), s.result_filter(tenant)),
+    ):
+        with nats_errors():
+            try:
+                info = await conn.js.stream_info(stream, subjects_filter=subjects)
+            except nats.js.errors.NotFoundError:
+                continue
+        head = len(subjects) - 1  # the subject up to the job's token
+        ids.update(subj[head:].split(".")[0] for subj in info.state.subjects or {})
+    return ids
+
+
+async def inspect(
+    conn: Connection, broker: BrokerSettings, tenant: str, job: str, *, scan: bool = True
+) -> JobInfo:
     """One job's state, progress and failures by kind, and its aggregate if stored.
+
+    With `scan` False, a job that finished done or failed is counted from its record (no
+    failures by kind), not by reading its results.
 
     Raises:
         JobNotFound: the tenant has no job of this id.
     """
     spec = await read_spec(conn, broker, tenant, job)
     rec = await read_record(conn.js, broker, tenant, job)
-    n_ok, failures = await _scan(conn, broker, spec)
-    n_failed = sum(failures.values())
+    if not scan and rec is not None and rec.state in ("done", "failed"):
+        n_ok, failures = rec.n_ok, Counter[str]()
+        n_failed = rec.n_failed
+    else:
+        n_ok, failures = await _scan(conn, broker, spec)
+        n_failed = sum(failures.values())
     state = rec.state if rec else "submitted"
     if state in ("running", "submitted") and n_ok + n_failed == spec.n_chunks:
         state = "failed" if n_failed else "done"
@@ -114,16 +140,10 @@ async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: st
 
 async def read_spec(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> JobSpec:
     """The stored spec of a job; JobNotFound if there is none."""
-    kv = await topology.jobs_bucket(conn.js, broker)
-    try:
-        entry = await kv.get(broker.subjects.job_key(tenant, job))
-    except nats.js.errors.NotFoundError:
-        raise JobNotFound(f"no job {job!r} for tenant {tenant!r}") from None
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    if not entry.value:
+    data, _ = await read_key(conn.js, broker, broker.subjects.job_key(tenant, job))
+    if data is None:
         raise JobNotFound(f"no job {job!r} for tenant {tenant!r}")
-    return decode(JobSpec, entry.value)
+    return decode(JobSpec, data)
 
 
 async def _scan(
@@ -138,7 +158,7 @@ async def _scan(
         mem_storage=True,
     )
     n_ok, failures = 0, Counter[str]()
-    try:
+    with nats_errors():
         sub = await conn.js.pull_subscribe(
             s.result_filter(spec.tenant, spec.job_id),
             stream=s.results_stream(spec.tenant),
@@ -160,8 +180,6 @@ async def _scan(
                 else:
                     failures[result.error_kind.value if result.error_kind else "error"] += 1
         await sub.unsubscribe()
-    except Exception as exc:
-        raise from_nats(exc) from exc
     return n_ok, failures
 
 
@@ -169,13 +187,14 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
     """Stop a job; False if it had already finished.
 
     It is marked cancelled (its coordinator releases its leases), its consumer deleted and
-    its queued chunks dropped.
+    its queued chunks dropped. The record is written only over the one read, so a job that
+    finishes meanwhile keeps its outcome (and this returns False).
 
     Raises:
         JobNotFound: the tenant has no job of this id.
     """
     spec = await read_spec(conn, broker, tenant, job)
-    rec = await read_record(conn.js, broker, tenant, job)
+    rec, seq = await read_record_at(conn.js, broker, tenant, job)
     if rec is not None and rec.state in FINAL_STATES:
         return False
     cancelled = JobRecord(
@@ -185,7 +204,8 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
         started_at=rec.started_at if rec else 0.0,
         finished_at=time.time(),
     )
-    await write_record(conn.js, broker, tenant, cancelled)
+    if not await write_record(conn.js, broker, tenant, cancelled, after=seq):
+        return False  # its coordinator recorded the outcome first
     await _stop_work(conn, broker, tenant, job)
     log.info("job cancelled job=%s tenant=%s", job, tenant)
     return True
@@ -202,62 +222,109 @@ async def remove(conn: Connection, broker: BrokerSettings, tenant: str, job: str
     """Delete everything of a job; a running job is cancelled first.
 
     Gone afterwards: spec, record, consumer, chunks, results, advisories, checkpoints and
-    outputs.
+    outputs. Without its spec (removed before) whatever is left is still removed: results
+    that chunks running during an earlier `rm` published after it.
 
     Raises:
-        JobNotFound: the tenant has no job of this id.
+        JobNotFound: nothing of a job of this id is stored for the tenant.
     """
-    await cancel(conn, broker, tenant, job)
     s = broker.subjects
+    try:
+        await cancel(conn, broker, tenant, job)
+    except JobNotFound:
+        if not await _leftovers(conn, broker, tenant, job):
+            raise
     await _stop_work(conn, broker, tenant, job)
     await _purge(conn, s.results_stream(tenant), s.result_filter(tenant, job))
     work = s.work_stream(tenant)
     await _purge(conn, s.dead_stream(tenant), s.max_deliveries(work, s.job_consumer(job)))
     checkpoints = s.checkpoints_bucket()
-    await _purge(conn, s.kv_stream(checkpoints), s.kv_job_filter(checkpoints, tenant, job))
+    try:
+        await _purge(conn, s.kv_stream(checkpoints), s.kv_job_filter(checkpoints, tenant, job))
+    except PermissionDenied:
+        # Only workers write checkpoints (with auth on); a chunk's is deleted with its result.
+        log.debug("checkpoints left to the workers job=%s tenant=%s", job, tenant)
     await _delete_outputs(conn, broker, tenant, job)
-    jobs = s.jobs_bucket()
-    # Purged from the stream, not deleted through KV: a delete leaves a marker behind.
-    await _purge(conn, s.kv_stream(jobs), s.kv_subject(jobs, s.job_state_key(tenant, job)))
-    await _purge(conn, s.kv_stream(jobs), s.kv_subject(jobs, s.job_key(tenant, job)))
+    for key in (s.job_state_key(tenant, job), s.job_key(tenant, job)):
+        await _delete_job_key(conn, broker, key)
     log.info("job removed job=%s tenant=%s", job, tenant)
+
+
+async def _leftovers(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> bool:
+    """Whether results, queued chunks or a record of a job without a spec are stored."""
+    s = broker.subjects
+    if (await read_key(conn.js, broker, s.job_state_key(tenant, job)))[0] is not None:
+        return True
+    for stream, subjects in (
+        (s.work_stream(tenant), s.work(tenant, job)),
+        (s.results_stream(tenant), s.result_filter(tenant, job)),
+    ):
+        with nats_errors():
+            try:
+                info = await conn.js.stream_info(stream, subjects_filter=subjects)
+            except nats.js.errors.NotFoundError:
+                continue
+        if info.state.subjects:
+            return True
+    return False
+
+
+async def _delete_job_key(conn: Connection, broker: BrokerSettings, key: str) -> None:
+    """Drop a key of the shared jobs bucket: purged if this user may, else a delete marker.
+
+    A purge leaves nothing behind, but its subject filter travels in the request payload, so
+    tenants are not granted it (it would purge others' keys): theirs write a KV delete
+    marker, which reads as no key.
+    """
+    s = broker.subjects
+    try:
+        await _purge(conn, s.kv_stream(s.jobs_bucket()), s.kv_subject(s.jobs_bucket(), key))
+    except PermissionDenied:
+        await delete_key(conn.js, broker, key)
 
 
 async def _purge(conn: Connection, stream: str, subject: str) -> None:
     """Purge a stream's messages on `subject` (wildcards allowed); a missing stream is fine."""
-    try:
+    with nats_errors(), contextlib.suppress(nats.js.errors.NotFoundError):
         await conn.js.purge_stream(stream, subject=subject)
-    except nats.js.errors.NotFoundError:
-        pass
-    except Exception as exc:
-        raise from_nats(exc) from exc
 
 
 async def _delete_outputs(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> None:
     """Delete the job's large outputs from the tenant's outputs store."""
     store = await topology.outputs_store(conn.js, broker, tenant)
-    try:
-        infos = await store.list()
-    except nats.js.errors.NotFoundError:  # an empty store
-        return
-    except Exception as exc:
-        raise from_nats(exc) from exc
+    with nats_errors():
+        try:
+            infos = await store.list()
+        except nats.js.errors.NotFoundError:  # an empty store
+            return
     for info in infos:
         if info.name.rpartition(".")[0] == job and not info.deleted:
-            try:
+            with nats_errors():
                 await store.delete(info.name)
-            except Exception as exc:
-                raise from_nats(exc) from exc
 
 
 async def sweep(
     conn: Connection, broker: BrokerSettings, tenant: str, retention_s: float, now: float
 ) -> list[str]:
-    """Remove the tenant's jobs that finished more than `retention_s` before `now`."""
+    """Remove the tenant's jobs that finished more than `retention_s` before `now`.
+
+    Read from the jobs' records alone (no results are read). Results without a spec or
+    record, left by chunks that ran during an `rm`, are removed too.
+    """
     removed = []
-    for info in await list_jobs(conn, broker, tenant):
-        ended = info.finished_at
-        if info.state in FINAL_STATES and ended and ended < now - retention_s:
-            await remove(conn, broker, tenant, info.job)
-            removed.append(info.job)
+    for job in sorted(await _job_ids(conn, broker, tenant)):
+        rec = await read_record(conn.js, broker, tenant, job)
+        if rec is None:
+            spec, _ = await read_key(conn.js, broker, broker.subjects.job_key(tenant, job))
+            expired = spec is None  # no spec either: leftovers of a removed job
+        else:
+            ended = rec.finished_at
+            expired = rec.state in FINAL_STATES and 0 < ended < now - retention_s
+        if not expired:
+            continue
+        try:
+            await remove(conn, broker, tenant, job)
+        except JobNotFound:  # removed meanwhile
+            continue
+        removed.append(job)
     return removed

@@ -18,10 +18,17 @@ from typing import Any
 import attrs
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.api import Header
 
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, JobCancelled, VramfabricError, from_nats
+from vramfabric.broker.errors import (
+    InvalidMessage,
+    JobCancelled,
+    PermanentError,
+    VramfabricError,
+    nats_errors,
+)
 from vramfabric.broker.messages import JobRecord, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
@@ -33,42 +40,87 @@ _POLL_S = 0.5
 MAX_VALUE_CHARS = 16_384
 
 
+# JetStream err_code for "wrong last sequence": another writer changed the record first.
+ERR_CODE_WRONG_LAST_SEQUENCE = 10071
+# Headers marking a KV delete or purge; nats-server 2.11 places its own markers with the second.
+_KV_OPERATION, _MARKER_REASON = "KV-Operation", "Nats-Marker-Reason"
+
+
+async def read_key(
+    js: JetStreamContext, broker: BrokerSettings, key: str
+) -> tuple[bytes | None, int]:
+    """A `vf_jobs` key's value (None if absent or deleted) and its subject's last sequence.
+
+    Read with a direct get whose API subject names the key: granted per tenant when auth is
+    on (broker/auth.py), where the KV API on the shared jobs bucket is not. The sequence is
+    0 when the key never was written (or was purged).
+    """
+    s = broker.subjects
+    subject = s.kv_subject(s.jobs_bucket(), key)
+    with nats_errors():
+        try:
+            raw = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
+        except nats.js.errors.NotFoundError:  # never written, or purged by `rm`
+            return None, 0
+    headers = raw.headers or {}
+    if _KV_OPERATION in headers or _MARKER_REASON in headers or not raw.data:
+        return None, raw.seq or 0
+    return raw.data, raw.seq or 0
+
+
+async def delete_key(js: JetStreamContext, broker: BrokerSettings, key: str) -> None:
+    """Delete a `vf_jobs` key with a KV delete marker: a plain publish a tenant may do."""
+    s = broker.subjects
+    with nats_errors():
+        await js.publish(s.kv_subject(s.jobs_bucket(), key), b"", headers={_KV_OPERATION: "DEL"})
+
+
+async def read_record_at(
+    js: JetStreamContext, broker: BrokerSettings, tenant: str, job: str
+) -> tuple[JobRecord | None, int]:
+    """A job's run record (None if it has none, or an unreadable one) and its sequence."""
+    data, seq = await read_key(js, broker, broker.subjects.job_state_key(tenant, job))
+    if data is None:
+        return None, seq
+    try:
+        return decode(JobRecord, data), seq
+    except InvalidMessage as exc:
+        log.warning("bad job record ignored job=%s error=%s", job, exc)
+        return None, seq
+
+
 async def read_record(
     js: JetStreamContext, broker: BrokerSettings, tenant: str, job: str
 ) -> JobRecord | None:
-    """A job's run record, or None if it has none (or an unreadable one).
-
-    Read with a direct get whose API subject names the key, and written with a plain publish
-    to the key's subject: both are granted per tenant when auth is on (broker/auth.py), where
-    the KV API on the shared jobs bucket is not.
-    """
-    s = broker.subjects
-    subject = s.kv_subject(s.jobs_bucket(), s.job_state_key(tenant, job))
-    try:
-        raw = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
-    except nats.js.errors.NotFoundError:  # no record, or purged by `rm`
-        return None
-    except Exception as exc:
-        raise from_nats(exc) from exc
-    if not raw.data:
-        return None
-    try:
-        return decode(JobRecord, raw.data)
-    except InvalidMessage as exc:
-        log.warning("bad job record ignored job=%s error=%s", job, exc)
-        return None
+    """A job's run record, or None if it has none (or an unreadable one)."""
+    return (await read_record_at(js, broker, tenant, job))[0]
 
 
 async def write_record(
-    js: JetStreamContext, broker: BrokerSettings, tenant: str, rec: JobRecord
-) -> None:
-    """Store a job's run record (a KV put done as a plain JetStream publish)."""
+    js: JetStreamContext,
+    broker: BrokerSettings,
+    tenant: str,
+    rec: JobRecord,
+    *,
+    after: int | None = None,
+) -> bool:
+    """Store a job's run record (a KV put done as a plain JetStream publish).
+
+    With `after` (the sequence the record was read at, 0 for none), the write happens only
+    if nobody wrote the record since: False if someone did (a cancel racing the finish).
+    """
     s = broker.subjects
     subject = s.kv_subject(s.jobs_bucket(), s.job_state_key(tenant, rec.job))
+    headers = None if after is None else {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(after)}
     try:
-        await js.publish(subject, encode(rec))
-    except Exception as exc:
-        raise from_nats(exc) from exc
+        with nats_errors():
+            await js.publish(subject, encode(rec), headers=headers)
+    except PermanentError as exc:
+        cause = exc.__cause__
+        if getattr(cause, "err_code", None) == ERR_CODE_WRONG_LAST_SEQUENCE:
+            return False
+        raise
+    return True
 
 
 def value_json(value: Any) -> str | None:
@@ -153,7 +205,8 @@ class RunRecord:
         if not self._started:
             return
         try:
-            now = await read_record(self.conn.js, self.broker, self.spec.tenant, self.spec.job_id)
+            tenant, job = self.spec.tenant, self.spec.job_id
+            now, seq = await read_record_at(self.conn.js, self.broker, tenant, job)
             if now is None or now.state == "cancelled":
                 return
             rec = attrs.evolve(
@@ -164,6 +217,8 @@ class RunRecord:
                 n_failed=n_failed,
                 value=value_json(value) if state in ("done", "failed") else None,
             )
-            await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
+            # Only over the record just read: a cancel written meanwhile wins.
+            if not await write_record(self.conn.js, self.broker, tenant, rec, after=seq):
+                log.info("job cancelled while finishing job=%s", job)
         except VramfabricError as exc:
             log.warning("job record not written job=%s error=%s", self.spec.job_id, exc)
