@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import uuid
@@ -26,11 +27,11 @@ from vramfabric import cli
 from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import ErrorKind, PermissionDenied
+from vramfabric.broker.errors import ErrorKind, JobCancelled, JobNotFound, PermissionDenied
 from vramfabric.broker.messages import ReleaseRequest, RenewRequest
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job, lifecycle
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.coordinator.leasing import LeasePool
 from vramfabric.local import LocalFleet
@@ -544,3 +545,102 @@ async def test_a_tenant_logs_in_with_an_nkey(auth_fabric: AuthFabric, tmp_path: 
     # And an unknown seed is refused at connect
     with pytest.raises(PermissionDenied):
         await connect(attrs.evolve(carol, nkey_seed_file=str(stranger)), name="stranger")
+
+
+async def results_left(auth_fabric: AuthFabric, connections: Any, tenant: str, job: str) -> int:
+    """Results of `job` in the tenant's results stream, through the operator's JetStream API."""
+    s = auth_fabric.base.subjects
+    op = await connections(auth_fabric.operator)
+    info = await op.js.stream_info(
+        s.results_stream(tenant), subjects_filter=s.result_filter(tenant, job)
+    )
+    return len(info.state.subjects or {})
+
+
+async def test_a_tenant_lists_inspects_cancels_and_removes_only_its_own_jobs(
+    auth_fabric: AuthFabric, agents: Any, fabrics: Any, connections: Any
+) -> None:
+    # Given alice ran a job with auth on
+    await agents("n-life")
+    alice = await fabrics("alice")
+    await eventually(lambda: bool(alice.fleet.adverts))
+    done = await alice.run(sleepy_job(4, 0.0), Gather(), timeout_s=30)
+    a, b = alice.broker, auth_fabric.tenant("bob")
+    bob = await connections(b)
+    # When she lists and inspects her jobs, as her own user
+    listed = {i.job: i for i in await lifecycle.list_jobs(alice.conn, a, "alice")}
+    shown = await lifecycle.inspect(alice.conn, a, "alice", done.job_id)
+    # Then she sees it done with every chunk
+    assert listed[done.job_id].state == "done" and listed[done.job_id].n_ok == 4
+    assert shown.state == "done" and shown.n_ok == 4 and shown.failures_by_kind == {}
+    # And bob does not see it, and can neither cancel nor remove it
+    assert done.job_id not in {i.job for i in await lifecycle.list_jobs(bob, b, "bob")}
+    for call in (lifecycle.remove, lifecycle.cancel, lifecycle.inspect):
+        with pytest.raises(JobNotFound):
+            await call(bob, b, "bob", done.job_id)
+        with pytest.raises(PermissionDenied):
+            await call(bob, b, "alice", done.job_id)
+    assert (await lifecycle.inspect(alice.conn, a, "alice", done.job_id)).n_ok == 4
+
+    # Given a long job of alice's running, its first chunks executing
+    logs = Path(tempfile.mkdtemp())
+    slow = sleepy_job(12, 1.5, logs)
+    slow_id = slow.spec(alice.settings).job_id
+    run = asyncio.create_task(alice.run(slow, Gather(), slices=2, timeout_s=60))
+    await eventually(lambda: len(os.listdir(logs)) >= 2, timeout_s=20)
+    # When she cancels it
+    assert await lifecycle.cancel(alice.conn, a, "alice", slow_id)
+    # Then her run ends as cancelled, and the job shows so
+    with pytest.raises(JobCancelled):
+        await run
+    assert (await lifecycle.inspect(alice.conn, a, "alice", slow_id)).state == "cancelled"
+
+    # When she removes both jobs
+    for job in (done.job_id, slow_id):
+        await lifecycle.remove(alice.conn, a, "alice", job)
+    # Then they are gone for her, and her list no longer shows them
+    for job in (done.job_id, slow_id):
+        with pytest.raises(JobNotFound):
+            await lifecycle.inspect(alice.conn, a, "alice", job)
+    assert not {done.job_id, slow_id} & {
+        i.job for i in await lifecycle.list_jobs(alice.conn, a, "alice")
+    }
+    assert await results_left(auth_fabric, connections, "alice", done.job_id) == 0
+
+
+async def test_rm_of_a_running_job_leaves_no_results_once_its_chunks_end(
+    auth_fabric: AuthFabric, fabrics: Any, connections: Any, tmp_path: Path
+) -> None:
+    # Given a node (stopped by the test itself) and a job of alice's whose chunks execute
+    settings = WorkerSettings(
+        node="n-rm",
+        simulate="2x2GiB",
+        slice_bytes=2**30,
+        heartbeat_s=0.2,
+        kernel_modules=("tests.kernels_for_tests",),
+        tenants_file=str(tenants.write_policy(auth_fabric.file.policy, auth_fabric.policy)),
+    )
+    agent = Agent(auth_fabric.worker, settings, await connect(auth_fabric.worker, name="n-rm"))
+    await agent.start()
+    try:
+        alice = await fabrics("alice")
+        await eventually(lambda: bool(alice.fleet.adverts))
+        job = sleepy_job(8, 1.5, tmp_path)
+        job_id = job.spec(alice.settings).job_id
+        run = asyncio.create_task(alice.run(job, Gather(), slices=4, timeout_s=60))
+        await eventually(lambda: len(os.listdir(tmp_path)) >= 4, timeout_s=20)
+        # When she removes it while they run, and they end (the node drains them and stops)
+        await lifecycle.remove(alice.conn, alice.broker, "alice", job_id)
+        with pytest.raises(JobCancelled):
+            await run
+        await agent.stop(grace_s=10.0)
+    finally:
+        await agent.conn.close()
+    late = await results_left(auth_fabric, connections, "alice", job_id)
+    # Then a second rm removes what the chunks published after the first, and a third
+    # finds nothing left
+    if late:
+        await lifecycle.remove(alice.conn, alice.broker, "alice", job_id)
+    with pytest.raises(JobNotFound):
+        await lifecycle.remove(alice.conn, alice.broker, "alice", job_id)
+    assert await results_left(auth_fabric, connections, "alice", job_id) == 0
