@@ -75,6 +75,9 @@ async def list_jobs(conn: Connection, broker: BrokerSettings, tenant: str) -> li
             infos.append(await inspect(conn, broker, tenant, job, scan=False))
         except JobNotFound:  # results left by a removed job (`sweep` clears them)
             continue
+        except InvalidMessage as exc:  # one bad spec must not hide the other jobs
+            log.warning("bad job spec skipped job=%s error=%s", job, exc)
+            continue
     return sorted(infos, key=lambda i: (i.started_at, i.job))
 
 
