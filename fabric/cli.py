@@ -61,6 +61,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded server + simulated workers + the 1000-configuration search."""
     from .demo import demo
 
+    if args.plot and (problem := plot_problem(args.plot)):
+        err.print(f"vramfabric demo: {problem}")
+        return RET_USAGE
     metrics = CoordinatorMetrics()
     workers_port = None
     if args.metrics_port is not None:
@@ -80,10 +83,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             workers_port,
             with_auth=args.auth,
         )
-    if args.plot:
-        _plot(summary["series"], args.plot)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary), flush=True)
     else:
         print_demo(summary)
     ok = (
@@ -91,7 +92,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         and summary["matches_reference"]
         and summary["leased_bytes_after"] == 0
     )
-    return RET_OK if ok else RET_JOB_FAILED
+    plotted = _plot(summary["series"], args.plot) if args.plot else True
+    return (RET_OK if plotted else RET_FAILED) if ok else RET_JOB_FAILED
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -202,16 +204,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:
         err.print(f"vramfabric run: {exc}")
         return RET_USAGE
+    if args.plot and (problem := plot_problem(args.plot)):
+        err.print(f"vramfabric run: {problem}")
+        return RET_USAGE
     with progress_bar(not args.json, len(spec.job.inputs)) as progress:
         result = asyncio.run(_run(spec, progress, args))
     summary = report(result)
-    if args.plot:
-        _plot(result.series, args.plot)
     if args.json:
-        print(json.dumps(summary, default=jsonable))
+        print(json.dumps(summary, default=jsonable), flush=True)
     else:
-        print("\n".join(f"{k}: {v}" for k, v in summary.items()))
-    return RET_OK if result.ok else RET_JOB_FAILED
+        print("\n".join(f"{k}: {v}" for k, v in summary.items()), flush=True)
+    plotted = _plot(result.series, args.plot) if args.plot else True
+    return (RET_OK if plotted else RET_FAILED) if result.ok else RET_JOB_FAILED
 
 
 def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
@@ -238,10 +242,30 @@ async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobRes
         )
 
 
-def _plot(series: Any, path: str) -> None:
+def plot_problem(path: str) -> str | None:
+    """Why `--plot PATH` could not be drawn after the run (checked before it), else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"--plot {path}: the lease plot needs matplotlib: pip install 'vramfabric[plot]'"
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"--plot {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--plot {path}: folder {folder} is not writable"
+    return None
+
+
+def _plot(series: Any, path: str) -> bool:
+    """Draw the lease plot after the summary is out; a failure is reported, not raised."""
     from .plot import plot_series
 
-    err.print(f"lease plot written to {plot_series(series, path)}")
+    try:
+        err.print(f"lease plot written to {plot_series(series, path)}")
+    except (ImportError, OSError, ValueError) as exc:
+        err.print(f"vramfabric: the lease plot was not written to {path}: {exc}")
+        return False
+    return True
 
 
 def cmd_status(args: argparse.Namespace) -> int:
