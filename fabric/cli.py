@@ -129,12 +129,18 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Run a local fabric (embedded server and simulated workers) until interrupted."""
-    import os
-
     from vramfabric.broker import discovery
 
     from .local import LocalFleet
 
+    path, pid = discovery.discovery_path(os.environ), os.getpid()
+    if (running := discovery.live_url(os.environ)) is not None:
+        # A second `up` would take the discovery file over and delete it on exit.
+        err.print(
+            f"vramfabric up: a fabric is already up at {running} (see {path}); "
+            "stop it first, or give this one its own XDG_RUNTIME_DIR"
+        )
+        return RET_FAILED
     fleet = LocalFleet(
         workers=args.workers,
         simulate=args.simulate,
@@ -143,7 +149,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         worker_args=("--allow-code",) if args.allow_code else (),
         verbose=args.verbose > 1,
     )
-    path, pid = discovery.discovery_path(os.environ), os.getpid()
     try:
         fleet.start()
         # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
