@@ -38,6 +38,7 @@ from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .report import (
     err,
@@ -148,9 +149,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         port=args.port,
         worker_args=("--allow-code",) if args.allow_code else (),
         verbose=args.verbose > 1,
+        metrics_port=args.metrics_port,
     )
     try:
         fleet.start()
+        if fleet.metrics_urls:
+            err.print(f"worker metrics: {' '.join(fleet.metrics_urls)}", soft_wrap=True)
         # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         discovery.write(path, fleet.broker.url, pid)
@@ -385,15 +389,17 @@ async def _keys(kv: Any) -> list[str]:
         return []
 
 
-def add_metrics_port(parser: argparse.ArgumentParser, whose: str) -> None:
-    """The `--metrics-port [PORT]` flag of a coordinator-side command."""
+def add_metrics_port(
+    parser: argparse.ArgumentParser, whose: str, default: int = DEFAULT_METRICS_PORT
+) -> None:
+    """The `--metrics-port [PORT]` flag of a command that serves metrics."""
     parser.add_argument(
         "--metrics-port",
         type=int,
         nargs="?",
-        const=DEFAULT_METRICS_PORT,
-        help=f"serve Prometheus metrics ({whose}) on this port ({DEFAULT_METRICS_PORT} if no "
-        "number, 0: any free port)",
+        const=default,
+        help=f"serve Prometheus metrics ({whose}) on this port ({default} if no "
+        "number, 0: any free ports)",
     )
 
 
@@ -435,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
     p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
     p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
+    add_metrics_port(p, "the workers': worker i on PORT+i", DEFAULT_WORKER_METRICS_PORT)
     p.set_defaults(handler=cmd_up)
     from vramfabric.worker.__main__ import add_arguments
 
