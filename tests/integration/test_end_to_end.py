@@ -169,6 +169,19 @@ def test_cli_run_and_status_against_a_running_fabric(
         ),
         ('kernel = "hyperparam_eval"\n[inputs]\nglob = "none/*.bin"\n', "matches no file"),
         ("kernel = [", "cannot read"),
+        (
+            'kernel = "hyperparam_eval"\n[inputs]\ngrid = 10\n',
+            "missing key 'aggregate' (argmin, argmax, mean, topk, gather or collect)",
+        ),
+        (
+            'kernel = "hyperparam_eval"\naggregate = "argmin"\n[args]\nxs = [1, 2]\n'
+            "[inputs]\ngrid = 10\n",
+            "job arg 'xs' must be a str key with an int, float, str, bytes or bool value",
+        ),
+        (
+            'kernel = "hyperparam_eval"\naggregate = "argmin"\nargs = 5\n[inputs]\ngrid = 10\n',
+            "args must be a table",
+        ),
     ],
 )
 def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
@@ -178,7 +191,10 @@ def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
     jobfile = tmp_path / "job.toml"
     jobfile.write_text(content)
     # When it is run
-    proc = subprocess.run([*CLI, "run", str(jobfile)], capture_output=True, text=True, timeout=30)
-    # Then the CLI exits with a usage error naming the problem
-    assert proc.returncode == 2
+    env = {**os.environ, "COLUMNS": "1000"}  # one line per message: no console wrapping
+    proc = subprocess.run(
+        [*CLI, "run", str(jobfile)], capture_output=True, text=True, timeout=30, env=env
+    )
+    # Then the CLI exits with a usage error naming the problem, before connecting anywhere
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr
