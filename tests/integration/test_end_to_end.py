@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
+from vramfabric.broker.cluster import free_ports
 from vramfabric.coordinator import ArgMin, Job
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
@@ -198,3 +199,17 @@ def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
     # Then the CLI exits with a usage error naming the problem, before connecting anywhere
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr
+
+
+def test_a_command_against_a_closed_port_says_connection_refused() -> None:
+    # Given a URL where no server listens
+    (port,) = free_ports(1)
+    env = {**os.environ, "VRAMFABRIC_NATS_URL": f"nats://127.0.0.1:{port}", "COLUMNS": "1000"}
+    # When a command connects there
+    proc = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=60, env=env)
+    # Then it exits 3 with one line that names the cause, not a timeout after a page of warnings
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"vramfabric: cannot reach NATS at nats://127.0.0.1:{port}: "
+        "connection refused (no server listens there)"
+    ]
