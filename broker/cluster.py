@@ -131,12 +131,8 @@ class LocalCluster:
             await nc.close()
 
     def kill(self, index: int) -> None:
-        """Kill -9 one server (its store stays for a restart)."""
+        """Kill -9 one server (its store stays)."""
         self.servers[index].kill()
-
-    def restart(self, index: int) -> None:
-        """Start a stopped or killed server again on the same port and store."""
-        self.servers[index].start()
 
     def stop(self) -> None:
         """Stop every server and remove a temp directory."""

@@ -149,6 +149,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         Disconnected: no server answered within the connect timeout.
     """
     errors: list[str] = []
+    connected = asyncio.Event()  # set once the first connect succeeds
 
     async def on_error(exc: Exception) -> None:
         # Permission violations arrive only here; the guard hands them to the waiting call.
@@ -159,7 +160,13 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
             return
         if len(errors) < 1000:
             errors.append(msg)
-        log.warning("nats error name=%s error=%s", name, msg)
+        # Before the first connect succeeds, its failure (raised below) says what went wrong.
+        log.log(
+            logging.WARNING if connected.is_set() else logging.DEBUG,
+            "nats error name=%s error=%s",
+            name,
+            msg,
+        )
 
     async def on_disconnect() -> None:
         log.info("nats disconnected name=%s", name)
@@ -196,10 +203,11 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
             raise PermissionDenied(
                 f"NATS at {settings.url} refused the credentials of {who or 'an anonymous client'}"
             ) from exc
-        err = _connect_error(settings, exc)
+        err = _connect_error(settings, exc, errors)
         if err is exc:
             raise  # not a NATS failure (a bug): surface it unchanged
         raise err from exc
+    connected.set()
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
     return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)
 
@@ -230,9 +238,15 @@ def _credentials(settings: BrokerSettings) -> dict[str, Any]:
     return options
 
 
-def _connect_error(settings: BrokerSettings, exc: Exception) -> BaseException:
-    """What a failed first connect raises: Disconnected for a blip, else the mapped error."""
+def _connect_error(settings: BrokerSettings, exc: Exception, errors: list[str]) -> BaseException:
+    """What a failed first connect raises: Disconnected for a blip, else the mapped error.
+
+    The connect deadline ends in a timeout; the errors seen on the way say why (the last one
+    names the cause when nothing listens at the address).
+    """
     err = from_nats(exc)
     if isinstance(err, TransientError):
-        return Disconnected(f"cannot reach NATS at {settings.url}: {err}")
+        refused = bool(errors) and errors[-1].startswith("ConnectionRefusedError")
+        why = "connection refused (no server listens there)" if refused else str(err)
+        return Disconnected(f"cannot reach NATS at {settings.url}: {why}")
     return err

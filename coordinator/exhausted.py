@@ -34,7 +34,6 @@ class ExhaustedWatcher:
     conn: Connection
     broker: BrokerSettings
     spec: JobSpec
-    recorded: int = attrs.field(default=0, init=False)
     _follower: Follower | None = attrs.field(default=None, init=False)
 
     async def start(self) -> None:
@@ -85,7 +84,6 @@ class ExhaustedWatcher:
         subject = self.broker.subjects.result(self.spec.tenant, self.spec.job_id, index)
         try:
             await self.conn.js.publish(subject, encode(result))
-            self.recorded += 1
             log.warning(
                 "chunk exhausted job=%s index=%d deliveries=%d", self.spec.job_id, index, deliveries
             )

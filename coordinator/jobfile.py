@@ -53,7 +53,7 @@ from vramfabric.kernels.cuda import Reference
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
 from .aggregate import Aggregator, by_name
-from .jobs import Job
+from .jobs import Job, check_args
 
 _CUDA_REQUIRED = ("entry", "grid", "block", "args", "max_output_bytes")
 _CUDA_OPTIONAL = (
@@ -88,7 +88,7 @@ def load(path: str | Path) -> JobFile:
     kernel = _kernel(doc, base)
     inputs = _inputs(doc.get("inputs"), kernel, base)
     if "aggregate" not in doc:
-        raise ValueError("missing key 'aggregate' (argmin, argmax, mean, topk or collect)")
+        raise ValueError("missing key 'aggregate' (argmin, argmax, mean, topk, gather or collect)")
     aggregator = by_name(str(doc["aggregate"]), doc.get("output_dir"), int(doc.get("k", 10)))
     slices = doc.get("slices")
     if slices is not None and (not isinstance(slices, int) or slices <= 0):
@@ -98,10 +98,14 @@ def load(path: str | Path) -> JobFile:
         not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0
     ):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    args = doc.get("args", {})
+    if not isinstance(args, dict):
+        raise ValueError(f"args must be a table ([args]), got {args!r}")
+    check_args(args)
     job = Job(
         kernel,
         inputs,
-        args=doc.get("args", {}),
+        args=args,
         job_id=str(doc.get("job_id", "")),
         timeout_s=None if timeout_s is None else float(timeout_s),
     )

@@ -77,12 +77,7 @@ class Job:
         """
         if not self.inputs:
             raise ValueError("a job needs at least one chunk input")
-        for key, value in self.args.items():
-            if not isinstance(key, str) or not isinstance(value, int | float | str | bytes | bool):
-                raise ValueError(
-                    f"job arg {key!r} must be a str key with an int, float, str, "
-                    f"bytes or bool value, got {type(value).__name__}"
-                )
+        check_args(self.args)
         limit = min(self.work.max_input_bytes, settings.max_chunk_bytes)
         digest = hashlib.sha256()
         for i, data in enumerate(self.encoded):
@@ -104,6 +99,16 @@ class Job:
             timeout_s=self.timeout_s,
             job_id=self.job_id,
         )
+
+
+def check_args(args: Mapping[str, Any]) -> None:
+    """Raise ValueError unless every job arg is a str key with a scalar value the wire carries."""
+    for key, value in args.items():
+        if not isinstance(key, str) or not isinstance(value, int | float | str | bytes | bool):
+            raise ValueError(
+                f"job arg {key!r} must be a str key with an int, float, str, "
+                f"bytes or bool value, got {type(value).__name__}"
+            )
 
 
 async def submit_chunks(

@@ -51,7 +51,6 @@ class ResultsConsumer:
     invalid: int = attrs.field(default=0, init=False)
     failures: list[ChunkResult] = attrs.field(factory=list, init=False)
     aggregate_s: float = attrs.field(default=0.0, init=False)
-    last_result_at: float = attrs.field(default=0.0, init=False)
     _seen: bytearray = attrs.field(init=False)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _done_total: Counter = attrs.field(init=False)  # this tenant's series, looked up once
@@ -148,7 +147,6 @@ class ResultsConsumer:
         self._done_total.inc()
         if result.attempt > 1:
             self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(result.attempt - 1)
-        self.last_result_at = time.time()
         if self.on_progress is not None:
             self.on_progress(self)
         if self.n_done == self.spec.n_chunks:

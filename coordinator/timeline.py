@@ -15,6 +15,9 @@ import attrs
 
 # (seconds since the run started, leases held, chunks done)
 Point = tuple[float, int, int]
+# Past this many points the series is halved, so a long run's series stays bounded (at 20 Hz
+# a day would be 1.7 million points) while its resolution coarsens with its length.
+MAX_POINTS = 10_000
 
 
 @attrs.define
@@ -29,8 +32,14 @@ class Timeline:
     _task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
     def sample(self) -> None:
-        """Record one point now."""
+        """Record one point now; halve the series when it outgrows MAX_POINTS."""
         self.points.append((round(time.perf_counter() - self._t0, 4), self.leases(), self.done()))
+        if len(self.points) > MAX_POINTS:
+            # Of each pair keep the point with more leases, so the peak stays in the series;
+            # the newest point stays whole (an odd one out is kept as is).
+            pairs = zip(self.points[0::2], self.points[1::2], strict=False)
+            halved = [max(pair, key=lambda p: p[1]) for pair in pairs]
+            self.points = halved + self.points[len(halved) * 2 :]
 
     def start(self) -> None:
         """Sample now and then every `interval_s` until stopped."""

@@ -38,6 +38,7 @@ from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .report import (
     err,
@@ -61,6 +62,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded server + simulated workers + the 1000-configuration search."""
     from .demo import demo
 
+    if args.plot and (problem := plot_problem(args.plot)):
+        err.print(f"vramfabric demo: {problem}")
+        return RET_USAGE
     metrics = CoordinatorMetrics()
     workers_port = None
     if args.metrics_port is not None:
@@ -80,10 +84,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             workers_port,
             with_auth=args.auth,
         )
-    if args.plot:
-        _plot(summary["series"], args.plot)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary), flush=True)
     else:
         print_demo(summary)
     ok = (
@@ -91,7 +93,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         and summary["matches_reference"]
         and summary["leased_bytes_after"] == 0
     )
-    return RET_OK if ok else RET_JOB_FAILED
+    plotted = _plot(summary["series"], args.plot) if args.plot else True
+    return (RET_OK if plotted else RET_FAILED) if ok else RET_JOB_FAILED
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -127,12 +130,18 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Run a local fabric (embedded server and simulated workers) until interrupted."""
-    import os
-
     from vramfabric.broker import discovery
 
     from .local import LocalFleet
 
+    path, pid = discovery.discovery_path(os.environ), os.getpid()
+    if (running := discovery.live_url(os.environ)) is not None:
+        # A second `up` would take the discovery file over and delete it on exit.
+        err.print(
+            f"vramfabric up: a fabric is already up at {running} (see {path}); "
+            "stop it first, or give this one its own XDG_RUNTIME_DIR"
+        )
+        return RET_FAILED
     fleet = LocalFleet(
         workers=args.workers,
         simulate=args.simulate,
@@ -140,10 +149,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         port=args.port,
         worker_args=("--allow-code",) if args.allow_code else (),
         verbose=args.verbose > 1,
+        metrics_port=args.metrics_port,
     )
-    path, pid = discovery.discovery_path(os.environ), os.getpid()
     try:
         fleet.start()
+        if fleet.metrics_urls:
+            err.print(f"worker metrics: {' '.join(fleet.metrics_urls)}", soft_wrap=True)
         # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         discovery.write(path, fleet.broker.url, pid)
@@ -202,16 +213,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:
         err.print(f"vramfabric run: {exc}")
         return RET_USAGE
+    if args.plot and (problem := plot_problem(args.plot)):
+        err.print(f"vramfabric run: {problem}")
+        return RET_USAGE
     with progress_bar(not args.json, len(spec.job.inputs)) as progress:
         result = asyncio.run(_run(spec, progress, args))
     summary = report(result)
-    if args.plot:
-        _plot(result.series, args.plot)
     if args.json:
-        print(json.dumps(summary, default=jsonable))
+        print(json.dumps(summary, default=jsonable), flush=True)
     else:
-        print("\n".join(f"{k}: {v}" for k, v in summary.items()))
-    return RET_OK if result.ok else RET_JOB_FAILED
+        print("\n".join(f"{k}: {v}" for k, v in summary.items()), flush=True)
+    plotted = _plot(result.series, args.plot) if args.plot else True
+    return (RET_OK if plotted else RET_FAILED) if result.ok else RET_JOB_FAILED
 
 
 def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
@@ -238,10 +251,30 @@ async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobRes
         )
 
 
-def _plot(series: Any, path: str) -> None:
+def plot_problem(path: str) -> str | None:
+    """Why `--plot PATH` could not be drawn after the run (checked before it), else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"--plot {path}: the lease plot needs matplotlib: pip install 'vramfabric[plot]'"
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"--plot {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--plot {path}: folder {folder} is not writable"
+    return None
+
+
+def _plot(series: Any, path: str) -> bool:
+    """Draw the lease plot after the summary is out; a failure is reported, not raised."""
     from .plot import plot_series
 
-    err.print(f"lease plot written to {plot_series(series, path)}")
+    try:
+        err.print(f"lease plot written to {plot_series(series, path)}")
+    except (ImportError, OSError, ValueError) as exc:
+        err.print(f"vramfabric: the lease plot was not written to {path}: {exc}")
+        return False
+    return True
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -356,15 +389,17 @@ async def _keys(kv: Any) -> list[str]:
         return []
 
 
-def add_metrics_port(parser: argparse.ArgumentParser, whose: str) -> None:
-    """The `--metrics-port [PORT]` flag of a coordinator-side command."""
+def add_metrics_port(
+    parser: argparse.ArgumentParser, whose: str, default: int = DEFAULT_METRICS_PORT
+) -> None:
+    """The `--metrics-port [PORT]` flag of a command that serves metrics."""
     parser.add_argument(
         "--metrics-port",
         type=int,
         nargs="?",
-        const=DEFAULT_METRICS_PORT,
-        help=f"serve Prometheus metrics ({whose}) on this port ({DEFAULT_METRICS_PORT} if no "
-        "number, 0: any free port)",
+        const=default,
+        help=f"serve Prometheus metrics ({whose}) on this port ({default} if no "
+        "number, 0: any free ports)",
     )
 
 
@@ -406,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
     p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
     p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
+    add_metrics_port(p, "the workers': worker i on PORT+i", DEFAULT_WORKER_METRICS_PORT)
     p.set_defaults(handler=cmd_up)
     from vramfabric.worker.__main__ import add_arguments
 

@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
+from vramfabric.broker.cluster import free_ports
 from vramfabric.coordinator import ArgMin, Job
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
@@ -169,6 +170,19 @@ def test_cli_run_and_status_against_a_running_fabric(
         ),
         ('kernel = "hyperparam_eval"\n[inputs]\nglob = "none/*.bin"\n', "matches no file"),
         ("kernel = [", "cannot read"),
+        (
+            'kernel = "hyperparam_eval"\n[inputs]\ngrid = 10\n',
+            "missing key 'aggregate' (argmin, argmax, mean, topk, gather or collect)",
+        ),
+        (
+            'kernel = "hyperparam_eval"\naggregate = "argmin"\n[args]\nxs = [1, 2]\n'
+            "[inputs]\ngrid = 10\n",
+            "job arg 'xs' must be a str key with an int, float, str, bytes or bool value",
+        ),
+        (
+            'kernel = "hyperparam_eval"\naggregate = "argmin"\nargs = 5\n[inputs]\ngrid = 10\n',
+            "args must be a table",
+        ),
     ],
 )
 def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
@@ -178,7 +192,24 @@ def test_cli_run_rejects_a_bad_job_file_with_a_clear_message(
     jobfile = tmp_path / "job.toml"
     jobfile.write_text(content)
     # When it is run
-    proc = subprocess.run([*CLI, "run", str(jobfile)], capture_output=True, text=True, timeout=30)
-    # Then the CLI exits with a usage error naming the problem
-    assert proc.returncode == 2
+    env = {**os.environ, "COLUMNS": "1000"}  # one line per message: no console wrapping
+    proc = subprocess.run(
+        [*CLI, "run", str(jobfile)], capture_output=True, text=True, timeout=30, env=env
+    )
+    # Then the CLI exits with a usage error naming the problem, before connecting anywhere
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr
+
+
+def test_a_command_against_a_closed_port_says_connection_refused() -> None:
+    # Given a URL where no server listens
+    (port,) = free_ports(1)
+    env = {**os.environ, "VRAMFABRIC_NATS_URL": f"nats://127.0.0.1:{port}", "COLUMNS": "1000"}
+    # When a command connects there
+    proc = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=60, env=env)
+    # Then it exits 3 with one line that names the cause, not a timeout after a page of warnings
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"vramfabric: cannot reach NATS at nats://127.0.0.1:{port}: "
+        "connection refused (no server listens there)"
+    ]

@@ -221,6 +221,30 @@ async def test_up_connect_jobs_job_cancel_rm(
     cli(user_env, "cancel", job, expect=5)
 
 
+def test_a_second_up_refuses_and_leaves_the_first_findable(
+    fabric_up: str, user_env: dict[str, str]
+) -> None:
+    # Given `vramfabric up` running for this user
+    discovery = Path(user_env["XDG_RUNTIME_DIR"]) / "vramfabric" / "fabric.json"
+    before = discovery.read_text()
+    # When the user starts a second one
+    second = subprocess.run(
+        [*CLI, "up", "--workers", "1", "--simulate", "1x4GiB"],
+        env={**user_env, "COLUMNS": "1000"},  # one line per message: no console wrapping
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then it refuses, naming the live fabric's URL and the discovery file
+    said = second.stderr
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert fabric_up in said and str(discovery) in said
+    assert "Traceback" not in said
+    # And the first is untouched: its discovery file is the same and clients still find it
+    assert discovery.read_text() == before
+    assert cli(user_env, "status")["nodes"]
+
+
 async def running_job_with_leases(env: dict[str, str], exclude: str) -> str:
     """Poll `jobs` and `status` until another job runs and holds leases; return its id."""
     found: list[str] = []

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.parse
@@ -206,3 +207,32 @@ async def test_prometheus_reads_the_leases_of_a_running_job_then_zero(
     assert result.n_ok == 64 and result.leases_peak == 4
     # And 0 once the job has released them
     await eventually(lambda: read(0.0), timeout_s=30, interval_s=0.5)
+
+
+def test_up_serves_worker_metrics_on_the_urls_it_prints(tmp_path: Path) -> None:
+    # Given `vramfabric up --metrics-port 0` (free ports) in a private runtime dir
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VRAMFABRIC_", "XDG_"))}
+    (tmp_path / "run").mkdir(mode=0o700)
+    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(tmp_path / "run"), COLUMNS="1000")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "vramfabric", "up", "--workers", "2", "--metrics-port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_line(up.stdout, "vramfabric up:", timeout_s=60)
+        # When the user scrapes each worker URL it printed
+        urls = wait_for_line(up.stderr, "worker metrics:").split()[2:]
+        # Then each is a distinct worker's exposition with the node-side lease gauge
+        assert len(set(urls)) == 2
+        for url in urls:
+            assert "gpu_leases_active" in families(scrape(url))
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(30)
+        for stream in (up.stdout, up.stderr):
+            assert stream is not None
+            stream.close()
+    assert code == 0
