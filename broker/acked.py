@@ -62,7 +62,7 @@ class AckedPublisher:
             sub, self._sub = self._sub, None
             try:
                 await sub.unsubscribe()
-            except Exception as exc:
+            except nats.errors.Error as exc:  # a closed or lost connection: nothing to undo
                 log.debug("unsubscribe failed error=%s", from_nats(exc))
 
     async def submit(
