@@ -188,6 +188,20 @@ async def nodes_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyVal
     return await _bucket(js, settings, config)
 
 
+async def kv_keys(js: JetStreamContext, settings: BrokerSettings, bucket: str) -> list[str]:
+    """The keys of a KV bucket that hold a message (a value, or a delete or expiry marker).
+
+    Read from the stream's subjects, not with `KeyValue.keys()`: on nats-py 2.16 that
+    watcher can signal "no more keys" before the first key it was already sent arrives,
+    and then lists none of them (seen in CI with one advert stored).
+    """
+    s = settings.subjects
+    with nats_errors():
+        info = await js.stream_info(s.kv_stream(bucket), subjects_filter=s.kv_subjects(bucket))
+    head = len(s.kv_subjects(bucket)) - 1  # "$KV.<bucket>."
+    return sorted(subject[head:] for subject in info.state.subjects or {})
+
+
 async def _bucket(
     js: JetStreamContext, settings: BrokerSettings, config: KeyValueConfig
 ) -> KeyValue:

@@ -16,12 +16,11 @@ import time
 import attrs
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import NoKeysError
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats, nats_errors
+from vramfabric.broker.errors import InvalidMessage, from_nats
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
@@ -53,12 +52,8 @@ class FleetView:
 
     async def _load(self) -> None:
         kv = await topology.nodes_bucket(self.conn.js, self.broker)
-        with nats_errors():
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return
-        for key in keys:
+        bucket = self.broker.subjects.nodes_bucket()
+        for key in await topology.kv_keys(self.conn.js, self.broker, bucket):
             try:
                 entry = await kv.get(key)
             except Exception as exc:  # expired between keys() and get(): nothing to load

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
+import nats.js.errors
 
 from vramfabric.broker import auth, tenants, topology
 from vramfabric.broker.cluster import LocalCluster
@@ -371,22 +372,16 @@ async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
     try:
         kv = await topology.nodes_bucket(conn.js, broker)
         out = []
-        for key in await _keys(kv):
-            entry = await kv.get(key)
+        for key in await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()):
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:  # a node that left since the listing
+                continue
             if entry.value:
                 out.append(decode(NodeAdvert, entry.value))
         return out
     finally:
         await conn.close()
-
-
-async def _keys(kv: Any) -> list[str]:
-    from nats.js.errors import NoKeysError
-
-    try:
-        return sorted(await kv.keys())
-    except NoKeysError:
-        return []
 
 
 def add_metrics_port(

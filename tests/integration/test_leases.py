@@ -248,3 +248,20 @@ async def test_malformed_lease_requests_get_a_clear_error_and_the_node_keeps_ser
     grant = await request_leases(conn, broker, "n1", count=1)
     assert len(grant.leases) == 1
     assert agent.metrics.value("invalid_messages_total", subject=f"lease.{op}") >= 6
+
+
+async def test_listing_the_nodes_bucket_finds_every_stored_key_on_every_read(
+    conn: Connection, broker: BrokerSettings
+) -> None:
+    # Given one live advert and one deleted (a marker readers skip)
+    kv = await topology.nodes_bucket(conn.js, broker)
+    await kv.put("n1", b"advert")
+    await kv.put("n2", b"advert")
+    await kv.delete("n2")
+    # When the keys are listed again and again (nats-py's keys() lost them now and then)
+    listings = [
+        await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()) for _ in range(100)
+    ]
+    # Then every listing has both subjects, and only n1 reads back a value
+    assert listings == [["n1", "n2"]] * 100
+    assert (await kv.get("n1")).value == b"advert"
