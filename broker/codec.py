@@ -75,12 +75,23 @@ def decode(cls: type[T], data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
+# Exact types msgpack takes as they are: a per-field set lookup on the hot path (results and
+# chunks), where isinstance would also have to rule out str-valued enums.
+_PLAIN_TYPES = frozenset(_PLAIN)
+
+
 def _unstructure(value: Any) -> Any:
-    if isinstance(value, _PLAIN) and not isinstance(value, enum.Enum):
+    if type(value) in _PLAIN_TYPES:
         return value
     if attrs.has(type(value)):
         names = _field_names(type(value))  # type: ignore[arg-type]  # python/mypy#11470
-        return {name: _unstructure(getattr(value, name)) for name in names}
+        body = {}
+        for name in names:
+            field = getattr(value, name)
+            body[name] = field if type(field) in _PLAIN_TYPES else _unstructure(field)
+        return body
+    if isinstance(value, _PLAIN) and not isinstance(value, enum.Enum):
+        return value  # a subclass of a plain type (not an enum)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
@@ -146,16 +157,25 @@ def _expect(tp: type | tuple[type, ...], value: Any) -> Any:
     return value
 
 
+def _exactly(tp: type) -> Conv:
+    """A converter passing a value of exactly `tp` at once, checking others with `_expect`."""
+
+    def convert(value: Any) -> Any:
+        return value if type(value) is tp else tp(_expect(tp, value))
+
+    return convert
+
+
 def _float(value: Any) -> float:
-    return float(_expect((int, float), value))
+    return value if type(value) is float else float(_expect((int, float), value))
 
 
 _SCALARS: dict[Any, Conv] = {
-    int: lambda v: _expect(int, v),
+    int: _exactly(int),
     float: _float,
-    str: lambda v: _expect(str, v),
-    bytes: lambda v: bytes(_expect(bytes, v)),
-    bool: lambda v: _expect(bool, v),
+    str: _exactly(str),
+    bytes: _exactly(bytes),
+    bool: _exactly(bool),
 }
 
 
