@@ -13,16 +13,20 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
 from tests.helpers import eventually
-from vramfabric.broker import BrokerSettings, connect
+from vramfabric.broker import BrokerSettings, RenewRequest, connect, encode
 from vramfabric.coordinator import CoordinatorSettings, Fabric
 from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
 
 
 async def answers(nc: Client, subject: str) -> bool:
-    """Whether a request on `subject` reaches a responder (the server may briefly say none)."""
+    """Whether a renew request on `subject` reaches a responder (the server may briefly say none).
+
+    An empty renew is a valid request that changes nothing (an empty payload would be logged
+    by the node as a bad request).
+    """
     try:
-        await nc.request(subject, b"", timeout=1)
+        await nc.request(subject, encode(RenewRequest(lease_ids=(), ttl_s=1.0)), timeout=1)
     except NoRespondersError:
         return False
     return True
