@@ -163,10 +163,17 @@ class Fabric:
             retried = await failed_chunks(self.conn, self.broker, spec, len(stored))
             await reopen(self.conn, self.broker, spec, retried)
         results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress, self.metrics)
-        await results.start()
         exhausted = ExhaustedWatcher(self.conn, self.broker, spec)
-        await exhausted.start()
-        done = await finished_chunks(self.conn, self.broker, spec)
+        try:
+            await results.start()
+            await exhausted.start()
+            done = await finished_chunks(self.conn, self.broker, spec)
+        except BaseException:
+            # Nothing was leased or submitted yet: stop following, or the subscriptions
+            # would outlive the failed call on the caller's connection.
+            await results.stop()
+            await exhausted.stop()
+            raise
         todo = [i for i in range(spec.n_chunks) if i not in done]
         pool = LeasePool(
             self.conn,

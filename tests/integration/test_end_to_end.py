@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -12,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import poll_until, wait_for_line
+from tests.helpers import eventually, poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.cluster import free_ports
+from vramfabric.broker.errors import Disconnected
 from vramfabric.coordinator import ArgMin, Job
+from vramfabric.coordinator import fabric as fabric_module
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
@@ -213,3 +216,23 @@ def test_a_command_against_a_closed_port_says_connection_refused() -> None:
         f"vramfabric: cannot reach NATS at nats://127.0.0.1:{port}: "
         "connection refused (no server listens there)"
     ]
+
+
+async def test_a_run_that_fails_before_leasing_leaves_nothing_following_its_results(
+    fabric_factory: FabricFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a fabric whose check for earlier results fails (the server went away, say)
+    fabric = await fabric_factory()
+    tasks_before = len(asyncio.all_tasks())
+
+    async def unavailable(*_args: object) -> set[int]:
+        raise Disconnected("results stream unreachable")
+
+    monkeypatch.setattr(fabric_module, "finished_chunks", unavailable)
+    inputs = [encode_config(*c) for c in search_space(4)]
+    # When a job runs, it fails with that error
+    with pytest.raises(Disconnected):
+        await fabric.run(Job(HYPERPARAM_EVAL, inputs), ArgMin(), timeout_s=10)
+    # Then the results and dead-letter followers it had started are stopped: no task of theirs
+    # (a consumer watchdog each) keeps running on the caller's connection
+    await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before, timeout_s=5)
