@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -644,3 +645,29 @@ async def test_rm_of_a_running_job_leaves_no_results_once_its_chunks_end(
     with pytest.raises(JobNotFound):
         await lifecycle.remove(alice.conn, alice.broker, "alice", job_id)
     assert await results_left(auth_fabric, connections, "alice", job_id) == 0
+
+
+async def test_a_tenant_sees_the_fleet_with_status(auth_fabric: AuthFabric, agents: Any) -> None:
+    # Given a node serving with auth on
+    await agents("n-status")
+    alice = auth_fabric.tenant("alice")
+    env = dict(
+        os.environ,
+        VRAMFABRIC_NATS_URL=alice.url,
+        VRAMFABRIC_PREFIX=alice.prefix,
+        VRAMFABRIC_NATS_USER="alice",
+        VRAMFABRIC_NATS_PASSWORD="alice-secret",
+        VRAMFABRIC_TENANT="alice",
+    )
+    # When a tenant asks for the status, as herself
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "vramfabric", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then the server let her read the adverts, and the node is listed
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "n-status" in [n["node"] for n in json.loads(shown.stdout)["nodes"]]
