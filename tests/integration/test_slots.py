@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import eventually
-from tests.integration.conftest import AgentFactory, FabricFactory
+from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProcess
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import (
     BrokerSettings,
@@ -36,7 +36,6 @@ from vramfabric.broker import (
 )
 from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.local import LocalFleet
 
 FAST_RETRY = RetryPolicy(max_retries=3, initial_backoff_s=0.1, max_backoff_s=0.5)
 
@@ -257,44 +256,30 @@ async def _has_result(conn: Connection, broker: BrokerSettings, job_id: str, _va
 
 @pytest.mark.timeout(90)
 async def test_sigterm_with_a_hung_chunk_exits_0_in_time_and_the_chunk_finishes_elsewhere(
-    broker: BrokerSettings,
     agent_factory: AgentFactory,
     fabric_factory: FabricFactory,
+    worker_process: WorkerProcess,
+    monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
     # Given a worker process (2 s drain grace) running a chunk that hangs on its first run
-    fleet = LocalFleet(
-        workers=0,
-        simulate="1x4GiB",
-        slice_size="1GiB",
-        prefix=broker.prefix,
-        url=broker.url,
-        node_ttl_s=broker.node_ttl_s,
-        worker_args=("--allow-code",),
+    monkeypatch.setenv("VRAMFABRIC_DRAIN_GRACE_S", "2")
+    proc = worker_process("doomed", "--allow-code")
+    fabric = await fabric_factory(ack_wait_s=2.0, lease_ttl_s=3.0)
+    spec = {"dir": str(tmp_path), "i": 0, "hang": True}
+    run = asyncio.create_task(
+        fabric.run(Job(hang_once, [spec], retry=FAST_RETRY), Gather(), slices=1, timeout_s=60)
     )
-    os.environ["VRAMFABRIC_DRAIN_GRACE_S"] = "2"
-    try:
-        proc = fleet.add_worker("doomed")
-    finally:
-        del os.environ["VRAMFABRIC_DRAIN_GRACE_S"]
-    try:
-        fabric = await fabric_factory(ack_wait_s=2.0, lease_ttl_s=3.0)
-        spec = {"dir": str(tmp_path), "i": 0, "hang": True}
-        run = asyncio.create_task(
-            fabric.run(Job(hang_once, [spec], retry=FAST_RETRY), Gather(), slices=1, timeout_s=60)
-        )
-        await running_until(run, lambda: (tmp_path / "hung-0").exists())
-        await agent_factory("survivor", simulate="1x4GiB", allow_code=True)
-        # When the worker is told to stop
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10)
-        # Then it exits 0 within 5 s, and the chunk is completed by the other node
-        assert code == 0 and time.monotonic() - t0 < 5.0
-        result = await run
-        assert result.n_ok == 1 and result.value[0][0] == 0
-    finally:
-        fleet.stop()
+    await running_until(run, lambda: (tmp_path / "hung-0").exists())
+    await agent_factory("survivor", simulate="1x4GiB", allow_code=True)
+    # When the worker is told to stop
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10)
+    # Then it exits 0 within 5 s, and the chunk is completed by the other node
+    assert code == 0 and time.monotonic() - t0 < 5.0
+    result = await run
+    assert result.n_ok == 1 and result.value[0][0] == 0
 
 
 async def test_function_runs_only_where_code_is_allowed(
