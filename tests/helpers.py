@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 
@@ -54,3 +56,14 @@ def poll_until(
             return False
         time.sleep(interval_s)  # polling interval, not synchronisation
     return True
+
+
+def interrupt(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> int:
+    """Ctrl-C a command started with piped stdout and stderr; its exit code (pipes closed)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(30)
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +21,7 @@ import nats
 import nats.js.errors
 import pytest
 
-from tests.helpers import eventually, poll_until, wait_for_line
+from tests.helpers import eventually, interrupt, poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
@@ -100,11 +99,7 @@ def fabric_up(user_env: dict[str, str]) -> Iterator[str]:
         assert json.loads(discovery.read_text()) == {"url": url, "pid": proc.pid}
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(30)
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
+        code = interrupt(proc)
     # Then Ctrl-C stops it cleanly and takes the discovery file away
     assert code == 0
     assert not discovery.exists()

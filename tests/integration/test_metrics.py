@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import eventually, poll_until, wait_for_line
+from tests.helpers import eventually, interrupt, poll_until, wait_for_line
 from tests.integration.conftest import FabricFactory
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
@@ -230,9 +229,5 @@ def test_up_serves_worker_metrics_on_the_urls_it_prints(tmp_path: Path) -> None:
         for url in urls:
             assert "gpu_leases_active" in families(scrape(url))
     finally:
-        up.send_signal(signal.SIGINT)
-        code = up.wait(30)
-        for stream in (up.stdout, up.stderr):
-            assert stream is not None
-            stream.close()
+        code = interrupt(up)
     assert code == 0
