@@ -146,10 +146,13 @@ class Fabric:
         the job's output dtype unless it was given one.
 
         Raises:
-            CodeRefused: a Python function, and no live worker runs code on this Python.
-            CapacityExceeded: fewer than `min_slices` leases could be had at the start.
+            CodeRefused: a Python function (or a CUDA kernel to run by its reference), and no
+                live worker runs code on this Python.
+            CapacityExceeded: fewer than `min(min_slices, chunks to do, slices)` leases could
+                be had at the start.
             JobTimeout: not every chunk had a result within `timeout_s`.
             JobCancelled: `vramfabric cancel` (or `rm`) stopped the job while it ran.
+            Exception: whatever the aggregator raised on a result, as soon as it did.
         """
         t0 = time.perf_counter()
         spec = job.spec(self.settings)

@@ -1,7 +1,7 @@
 """ResultsConsumer: streams a job's results in, folds each chunk's first result exactly once.
 
 An ordered consumer replays the results stream from the start, so a resumed job folds the
-results of earlier runs too. Memory is one bit per chunk plus the aggregator's own state.
+results of earlier runs too. Memory is one byte per chunk plus the aggregator's own state.
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ class ResultsConsumer:
     _done_total: Counter = attrs.field(init=False)  # this tenant's series, looked up once
     _follower: Follower | None = attrs.field(default=None, init=False)
     _outputs: ObjectStore | None = attrs.field(default=None, init=False)
+    # What the aggregator raised: the run stops and raises it (see `wait`).
+    _error: Exception | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        """Size the seen-bitmap to the job."""
+        """Size the seen-table (a byte per chunk) to the job."""
         self._seen = bytearray(self.spec.n_chunks)
         self._done_total = self.metrics.chunks_done_total.labels(tenant=self.spec.tenant)
 
@@ -83,7 +85,11 @@ class ResultsConsumer:
         index = _index_of(msg.subject)
         try:
             result = decode(ChunkResult, msg.data)
-            if result.job != self.spec.job_id or result.index != index:
+            if (
+                result.job != self.spec.job_id
+                or result.index != index
+                or result.index >= self.spec.n_chunks  # a job id reused with fewer inputs
+            ):
                 raise InvalidMessage(
                     "ChunkResult", f"chunk {result.job}:{result.index} on subject {msg.subject}"
                 )
@@ -135,7 +141,12 @@ class ResultsConsumer:
         self._seen[result.index] = 1
         if result.ok and result.output is not None:
             t0 = time.perf_counter()
-            self.aggregator.add(result.index, result.output)
+            try:
+                self.aggregator.add(result.index, result.output)
+            except Exception as exc:  # the aggregator's (or the user's) bug: `wait` raises it
+                self._error = exc
+                self._done.set()
+                return
             self.aggregate_s += time.perf_counter() - t0
             self.n_ok += 1
         else:
@@ -153,11 +164,17 @@ class ResultsConsumer:
             self._done.set()
 
     async def wait(self, timeout_s: float | None) -> bool:
-        """Wait until every chunk has a result; False on timeout."""
+        """Wait until every chunk has a result; False on timeout.
+
+        Raises:
+            Exception: what the aggregator raised on a result (the job cannot be folded).
+        """
         try:
             await asyncio.wait_for(self._done.wait(), timeout_s)
         except TimeoutError:
             return False
+        if self._error is not None:
+            raise self._error
         return True
 
     async def stop(self) -> None:

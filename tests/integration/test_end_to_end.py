@@ -236,3 +236,33 @@ async def test_a_run_that_fails_before_leasing_leaves_nothing_following_its_resu
     # Then the results and dead-letter followers it had started are stopped: no task of theirs
     # (a consumer watchdog each) keeps running on the caller's connection
     await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before, timeout_s=5)
+
+
+class _BreaksOnChunk2:
+    """An aggregator with a bug that shows on one chunk's output."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def add(self, index: int, output: bytes) -> None:
+        if index == 2:
+            raise ValueError(f"cannot fold chunk {index} ({len(output)} bytes)")
+        self.seen.append(index)
+
+    def value(self) -> list[int]:
+        return sorted(self.seen)
+
+
+async def test_an_aggregator_that_raises_stops_the_run_with_its_error(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a node, and an aggregator that raises on chunk 2's output
+    await agent_factory("n-agg")
+    fabric = await fabric_factory()
+    await eventually(lambda: bool(fabric.fleet.adverts))
+    inputs = [encode_config(*c) for c in search_space(6)]
+    # When a job runs with no timeout
+    run = fabric.run(Job(HYPERPARAM_EVAL, inputs), _BreaksOnChunk2(), slices=2)
+    # Then the run raises the aggregator's error, rather than wait forever for chunk 2
+    with pytest.raises(ValueError, match="cannot fold chunk 2"):
+        await asyncio.wait_for(run, timeout=30)
