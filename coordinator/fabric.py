@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from typing import Any
 
 import attrs
@@ -20,7 +19,6 @@ from vramfabric.broker import topology
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
-    CapacityExceeded,
     CodeRefused,
     JobFailed,
     JobTimeout,
@@ -32,17 +30,15 @@ from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
-from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
-from .jobs import Job, finished_chunks, submit_chunks
-from .leasing import LeasePool
+from .jobrun import JobRun
+from .jobs import Job, finished_chunks
 from .lifecycle import sweep
 from .metrics import CoordinatorMetrics
-from .record import RunRecord
 from .rerun import failed_chunks, reopen
-from .results import Progress, ResultsConsumer
+from .results import Progress
 from .settings import CoordinatorSettings
-from .timeline import Point, Timeline
+from .timeline import Point
 from .work import upload
 
 log = logging.getLogger(__name__)
@@ -165,43 +161,28 @@ class Fabric:
             stored = await finished_chunks(self.conn, self.broker, spec)
             retried = await failed_chunks(self.conn, self.broker, spec, len(stored))
             await reopen(self.conn, self.broker, spec, retried)
-        results = ResultsConsumer(self.conn, self.broker, spec, aggregator, progress, self.metrics)
-        exhausted = ExhaustedWatcher(self.conn, self.broker, spec)
-        try:
-            await results.start()
-            await exhausted.start()
-            done = await finished_chunks(self.conn, self.broker, spec)
-        except BaseException:
-            # Nothing was leased or submitted yet: stop following, or the subscriptions
-            # would outlive the failed call on the caller's connection.
-            await results.stop()
-            await exhausted.stop()
-            raise
-        todo = [i for i in range(spec.n_chunks) if i not in done]
-        pool = LeasePool(
+        run = JobRun(
             self.conn,
             self.broker,
             self.settings,
             self.fleet,
-            spec.job_id,
             self.metrics,
-            eligible=job.work.runs_on,
+            job,
+            spec,
+            aggregator,
+            progress,
         )
-        phases: dict[str, float] = {}
-        grower: list[asyncio.Task[None]] = []
-        t_submit = 0.0
-        record = RunRecord(self.conn, self.broker, spec)
-        timeline = Timeline(lambda: len(pool), lambda: results.n_done)
+        done = await run.start()
+        todo = [i for i in range(spec.n_chunks) if i not in done]
+        results, phases = run.results, run.phases
         outcome, value = "failed", None
         try:
-            await record.start()
-            timeline.start()
+            await run.record.start()
+            run.timeline.start()
             if todo:
-                t_submit = await self._execute(
-                    job, spec, pool, results, (todo, retried), (slices, min_slices), phases, grower
-                )
-                timeline.sample()  # the peak: every lease acquired, none released yet
-            if not await record.wait(results.wait(timeout_s)):
+                t_submit = await run.execute(todo, retried, slices, min_slices)
+                run.timeline.sample()  # the peak: every lease acquired, none released yet
+            if not await run.record.wait(results.wait(timeout_s)):
                 outcome = "timeout"
                 raise JobTimeout(
                     f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
@@ -218,23 +199,8 @@ class Fabric:
             outcome = "stopped"
             raise
         finally:
-            pool.closing = True
-            for task in grower:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            t = time.perf_counter()
-            await pool.release()
-            phases["release_s"] = time.perf_counter() - t
-            series = await timeline.stop()
-            await results.stop()
-            await exhausted.stop()
-            if outcome == "stopped":
-                await record.stop()
-            else:
-                if todo:  # a failed, timed-out or cancelled run deletes its consumer too
-                    await self._delete_consumer(spec)
-                await record.finish(outcome, results.n_ok, results.n_failed, value)
+            series = await run.end(outcome, value, submitted=bool(todo))
+            if outcome != "stopped":
                 await self._sweep()  # after every run that ended, well or not
         phases["aggregate_s"] = results.aggregate_s
         phases["total_s"] = time.perf_counter() - t0
@@ -247,47 +213,11 @@ class Fabric:
             value=value,
             failures=tuple(results.failures),
             resumed=len(done),
-            leases_peak=pool.peak,
-            lease_history=tuple(pool.history),
+            leases_peak=run.pool.peak,
+            lease_history=tuple(run.pool.history),
             phases_s=phases,
             series=series,
         )
-
-    async def _execute(
-        self,
-        job: Job,
-        spec: JobSpec,
-        pool: LeasePool,
-        results: ResultsConsumer,
-        chunks: tuple[list[int], list[int]],
-        sizes: tuple[int | None, int],
-        phases: dict[str, float],
-        grower: list[asyncio.Task[None]],
-    ) -> float:
-        """Lease slices, start growing the pool, and submit the chunks still to do.
-
-        `chunks` is (to do, of which reopened failures); `sizes` is (slices, min_slices).
-        Returns the time submission started.
-        """
-        (todo, retried), (slices, min_slices) = chunks, sizes
-        await topology.ensure_job_consumer(self.conn.js, self.broker, spec)
-        target = min(slices or self.settings.max_slices, len(todo))
-        t = time.perf_counter()
-        await pool.acquire(target)
-        if len(pool) < min(min_slices, target):
-            raise CapacityExceeded(wanted=min_slices, got=len(pool))
-        pool.start_renewing()
-        phases["acquire_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        grower.append(asyncio.get_running_loop().create_task(self._grow(pool, results, target)))
-        again = set(retried)
-        first = [i for i in todo if i not in again]
-        await submit_chunks(self.conn, self.broker, spec, job.encoded, first)
-        if retried:
-            rerun = uuid.uuid4().hex[:8]
-            await submit_chunks(self.conn, self.broker, spec, job.encoded, retried, rerun)
-        phases["submit_s"] = time.perf_counter() - t
-        return t
 
     def _check_code(self, job: Job) -> None:
         """Refuse Python code up front when no live worker would run it."""
@@ -299,13 +229,6 @@ class Fabric:
             f"(of {len(self.fleet.adverts)} live: start workers with --allow-code on the "
             "same Python version as this client, or add a GPU worker)"
         )
-
-    async def _delete_consumer(self, spec: JobSpec) -> None:
-        # Best effort: the job is done either way, and a rerun finds every result.
-        try:
-            await topology.delete_job_consumer(self.conn.js, self.broker, spec.tenant, spec.job_id)
-        except VramfabricError as exc:
-            log.warning("job consumer not deleted job=%s error=%s", spec.job_id, exc)
 
     async def _sweep(self) -> None:
         """Remove the tenant's jobs finished longer ago than the retention (best effort, logged)."""
@@ -334,23 +257,3 @@ class Fabric:
         subject = self.broker.subjects.job_spec(spec.tenant, spec.job_id)
         with nats_errors():
             await self.conn.js.publish(subject, encode(spec))
-
-    async def _grow(self, pool: LeasePool, results: ResultsConsumer, target: int) -> None:
-        """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do."""
-        while not pool.closing:
-            await self.fleet.wait_changed(timeout_s=self.broker.node_ttl_s)
-            if pool.closing:
-                return
-            pool.prune(set(self.fleet.adverts))
-            want = min(target, results.spec.n_chunks - results.n_done) - len(pool)
-            if want > 0:
-                # Also when the fleet looks full: the pool then asks one node, which tells
-                # the fleet this tenant waits for its fair share.
-                added = await pool.acquire(want)
-                if added:
-                    log.info(
-                        "leases added mid-run job=%s added=%d held=%d",
-                        results.spec.job_id,
-                        added,
-                        len(pool),
-                    )

@@ -9,6 +9,7 @@ whenever a periodic check finds its consumer gone (its server died while ours li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -81,8 +82,10 @@ class Follower:
     async def _on_msg(self, msg: Msg) -> None:
         delivery = Subjects.delivery_of(msg.reply)
         seq = msg.metadata.sequence.stream if delivery is None else delivery[1]
-        self._next_seq = seq + 1
         await self.handler(msg)
+        # Only once handled: a resubscribe that cancels a handler mid-way (nats-py cancels
+        # the callback with the subscription) must deliver that message again.
+        self._next_seq = seq + 1
 
     def _on_reconnect(self) -> None:
         if self._resubscribing is None or self._resubscribing.done():
@@ -122,5 +125,8 @@ class Follower:
         if self._on_reconnect in self.conn.on_reconnect:
             self.conn.on_reconnect.remove(self._on_reconnect)
         if self._resubscribing is not None:
+            # Awaited: a resubscribe finishing after this would leave a live subscription.
             self._resubscribing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resubscribing
         await self._unsubscribe()

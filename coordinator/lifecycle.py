@@ -167,22 +167,25 @@ async def _scan(
             stream=s.results_stream(spec.tenant),
             config=config,
         )
-        remaining = (await sub.consumer_info()).num_pending or 0
-        while remaining > 0:
-            # Never ask for more than remain: fetch(n) holds what arrived until n do.
-            msgs = await sub.fetch(min(remaining, _SCAN_BATCH), timeout=broker.request_timeout_s)
-            remaining -= len(msgs)
-            for msg in msgs:
-                try:
-                    result = decode(ChunkResult, msg.data)
-                except InvalidMessage:
-                    failures["invalid_message"] += 1
-                    continue
-                if result.ok:
-                    n_ok += 1
-                else:
-                    failures[result.error_kind.value if result.error_kind else "error"] += 1
-        await sub.unsubscribe()
+        try:
+            remaining = (await sub.consumer_info()).num_pending or 0
+            while remaining > 0:
+                # Never ask for more than remain: fetch(n) holds what arrived until n do.
+                batch = min(remaining, _SCAN_BATCH)
+                msgs = await sub.fetch(batch, timeout=broker.request_timeout_s)
+                remaining -= len(msgs)
+                for msg in msgs:
+                    try:
+                        result = decode(ChunkResult, msg.data)
+                    except InvalidMessage:
+                        failures["invalid_message"] += 1
+                        continue
+                    if result.ok:
+                        n_ok += 1
+                    else:
+                        failures[result.error_kind.value if result.error_kind else "error"] += 1
+        finally:
+            await sub.unsubscribe()
     return n_ok, failures
 
 

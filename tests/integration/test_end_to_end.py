@@ -19,7 +19,7 @@ from vramfabric.broker import BrokerSettings
 from vramfabric.broker.cluster import free_ports
 from vramfabric.broker.errors import Disconnected
 from vramfabric.coordinator import ArgMin, Job
-from vramfabric.coordinator import fabric as fabric_module
+from vramfabric.coordinator import jobrun as jobrun_module
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
@@ -228,7 +228,7 @@ async def test_a_run_that_fails_before_leasing_leaves_nothing_following_its_resu
     async def unavailable(*_args: object) -> set[int]:
         raise Disconnected("results stream unreachable")
 
-    monkeypatch.setattr(fabric_module, "finished_chunks", unavailable)
+    monkeypatch.setattr(jobrun_module, "finished_chunks", unavailable)
     inputs = [encode_config(*c) for c in search_space(4)]
     # When a job runs, it fails with that error
     with pytest.raises(Disconnected):
