@@ -90,9 +90,13 @@ class Heartbeat:
         """Leave the fleet now: an advert with no GPUs for followers, and no KV entry."""
         node = self.ledger.node
         farewell = NodeAdvert(node=node, gpus=(), tenants={}, sent_at=time.time())
-        await self.conn.nc.publish(self.subjects.node_advert(node), encode(farewell))
-        await self.kv.delete(node)
+        with nats_errors():
+            await self.conn.nc.publish(self.subjects.node_advert(node), encode(farewell))
+            await self.kv.delete(node)
 
     async def _event(self, kind: str, tenant: str, count: int) -> None:
+        # nats-py's errors mapped: an unmapped one (a full buffer while disconnected) would
+        # end the heartbeat loop, and with it this node's reaping and adverts.
         event = Event(kind=kind, node=self.ledger.node, tenant=tenant, count=count, at=time.time())
-        await self.conn.nc.publish(self.subjects.event(kind), encode(event))
+        with nats_errors():
+            await self.conn.nc.publish(self.subjects.event(kind), encode(event))

@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import attrs
+import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
@@ -22,7 +23,7 @@ from vramfabric.broker import tenants, topology
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats
 from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
@@ -181,6 +182,7 @@ class Agent:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_death)
 
     def _on_change(self, tenant: str, job: str) -> None:
         self._heartbeat.poke()
@@ -252,7 +254,7 @@ class Agent:
             except InvalidMessage as exc:
                 log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
                 self.metrics.invalid("job_spec")
-            except Exception as exc:
+            except nats.errors.Error as exc:  # not written yet, or the server is away
                 log.warning(
                     "job spec not available tenant=%s job=%s error=%s",
                     key[0],
@@ -293,8 +295,12 @@ class Agent:
             # Vanish from the fleet view now; without a server the advert's TTL does it.
             try:
                 await asyncio.wait_for(self._heartbeat.goodbye(), self.broker.request_timeout_s)
-            except Exception as exc:
-                log.warning(
-                    "advert delete failed node=%s error=%s", self.settings.node, from_nats(exc)
-                )
+            except (VramfabricError, TimeoutError) as exc:
+                log.warning("advert delete failed node=%s error=%s", self.settings.node, exc)
         log.info("agent stopped node=%s released=%d", self.settings.node, len(released))
+
+
+def _log_death(task: asyncio.Task[None]) -> None:
+    """Log a background task (the heartbeat, a job's puller) that ended with an error."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("agent task died task=%s", task.get_name(), exc_info=task.exception())

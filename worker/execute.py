@@ -151,7 +151,7 @@ class ChunkRunner:
         lease_id: str,
         started_at: float,
     ) -> ChunkResult:
-        """A failed result naming the error's kind; unexpected errors carry a traceback tail."""
+        """A failed result naming the error's kind; an unexpected one is logged with a traceback."""
         if isinstance(exc, ChunkFailed):
             kind, message = exc.error_kind, str(exc)
         elif isinstance(exc, VramfabricError):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import nats.errors
 from nats.aio.msg import Msg
 from prometheus_client import Counter, Histogram
 
@@ -86,7 +87,7 @@ class ChunkHandler:
         self.keepalive.add(msg)
         try:
             await self._process(msg, lease_id, attempt, started_at)
-        except Exception as exc:  # the one broad catch
+        except Exception as exc:  # last resort: a chunk's bug must not end its puller
             log.error("chunk handling failed job=%s error=%s", self.job, exc, exc_info=exc)
         finally:
             self.keepalive.discard(msg)
@@ -116,7 +117,7 @@ class ChunkHandler:
                     exc,
                 )
                 self._error(exc.kind.value)
-                await msg.nak(delay=self.spec.retry.nak_delay_s(attempt))
+                await quiet(msg.nak(delay=self.spec.retry.nak_delay_s(attempt)))
                 return
             result = self.runner.failed(self.job, index, exc, attempt, lease_id, started_at)
         except Exception as exc:
@@ -151,8 +152,9 @@ class ChunkHandler:
             )
             await quiet(msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt)))
             return
-        # The result is stored before the work message is acked (at-least-once, nothing lost).
-        await (msg.ack() if result.ok else msg.term())
+        # The result is stored before the work message is acked (at-least-once, nothing lost);
+        # an ack lost to a blip only means a redelivery that finds the result stored.
+        await quiet(msg.ack() if result.ok else msg.term())
         await self.runner.forget_checkpoint(self.spec.tenant, self.job, result.index)
 
     def _error(self, kind: str) -> None:
@@ -222,11 +224,11 @@ class KeepAlive:
 
 
 async def quiet(coro: Any) -> None:
-    """Await a best-effort ack call, logging rather than raising its failure."""
+    """Await a best-effort ack call (ack, nak, term, in_progress), logging its failure."""
     try:
         await coro
-    except Exception as exc:
-        log.debug("in_progress failed error=%s", from_nats(exc))
+    except (nats.errors.Error, TimeoutError) as exc:
+        log.debug("ack call failed error=%s", from_nats(exc))
 
 
 def _delivery(msg: Msg) -> tuple[int, int]:

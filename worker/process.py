@@ -28,7 +28,8 @@ from .gpus import GpuSpec
 
 log = logging.getLogger(__name__)
 
-# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU)
+# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU); also
+# (gpu, "", "spare") for a GPU's spare and (gpu, tenant, "idle:<pid>") for a kept idle one.
 ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10

@@ -19,6 +19,7 @@ import logging
 import time
 
 import attrs
+import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -163,7 +164,7 @@ class JobPuller:
         )
         try:
             await self.conn.nc.publish(subject, json.dumps(body).encode(), reply=self._inbox)
-        except Exception as exc:
+        except nats.errors.Error as exc:  # closed or buffer full: asked again on the next wake
             self._outstanding -= want
             self._open.pop()
             log.warning("pull request failed job=%s error=%s", self.job, from_nats(exc))
@@ -209,8 +210,12 @@ class JobPuller:
         self._dispatch()
 
     def _dispatch(self) -> None:
+        now = time.monotonic()
         while self._backlog and self._free:
             lease_id = self._free.pop()
+            if not self.ledger.is_live(lease_id, now):
+                # Past its deadline, not reaped yet: a chunk sent there would spend a delivery.
+                continue
             self._busy.add(lease_id)
             msg = self._backlog.popleft()
             task = asyncio.get_running_loop().create_task(self._handle(msg, lease_id))

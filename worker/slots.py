@@ -208,17 +208,20 @@ class ExecutorPool:
             task = asyncio.get_running_loop().create_task(self._start(key))
             self._starting[key] = task
             task.add_done_callback(lambda _t: self._starting.pop(key, None))
-            # A warm-up nobody awaits must not log "exception never retrieved".
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            # A warm-up nobody awaits: log its failure here (chunks that wait get it raised).
+            task.add_done_callback(_log_failed_start)
         return task
 
     async def _start(self, key: ExecKey) -> ExecutorProcess:
         gpu = self.gpus[key[0]]
         # A per-lease process runs one chunk at a time; a shared one, one per slice of its GPU.
         slots = 1 if key[2] and key[1:] != _SPARE else gpu.total_bytes // self.settings.slice_bytes
-        exe = await ExecutorProcess.spawn(
-            key, gpu, self.settings.kernel_modules, self._exited, slots=max(1, slots)
-        )
+        try:
+            exe = await ExecutorProcess.spawn(
+                key, gpu, self.settings.kernel_modules, self._exited, slots=max(1, slots)
+            )
+        except OSError as exc:  # out of processes, files or memory: the node's fault
+            raise ExecutorCrashed(f"executor process could not start: {exc}") from exc
         self._procs[key] = exe
         try:
             await asyncio.wait_for(asyncio.shield(exe.ready), START_PATIENCE_S)
@@ -265,6 +268,11 @@ class ExecutorPool:
 _SPARE = ("", "spare")
 # Third key field of a lease's own process kept after its lease ended.
 _IDLE = "idle:"
+
+
+def _log_failed_start(task: asyncio.Task[ExecutorProcess]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("executor start failed error=%s", task.exception())
 
 
 def _spare_key(gpu: int) -> ExecKey:

@@ -108,7 +108,8 @@ class WorkLoader:
                 self._fetching[key] = task
                 task.add_done_callback(lambda _t: self._fetching.pop(key, None))
             blob = await asyncio.shield(task)
-        self._blobs.move_to_end(key)
+        if key in self._blobs:  # another fetch may have evicted it while this one waited
+            self._blobs.move_to_end(key)
         return Work(spec.kernel_kind, spec.kernel, spec.kernel_digest, blob)
 
     async def _fetch(self, key: BlobKey) -> bytes:
