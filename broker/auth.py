@@ -11,6 +11,7 @@ names in subjects.py; they are config, not subjects anyone publishes to.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -120,7 +121,6 @@ def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]
         s.kv_subjects(s.nodes_bucket()),
         s.kv_subjects(s.checkpoints_bucket()),
         *(p for bucket in shared for p in _shared_kv_read(s.kv_stream(bucket))),
-        f"{_API}.CONSUMER.CREATE.{s.kv_stream(s.checkpoints_bucket())}",
         f"{_API}.STREAM.NAMES",
     ]
     for tenant in tenants:
@@ -190,10 +190,16 @@ def write_config(
     tenants: TenantsFile, subjects: Subjects, path: str | Path, *, port: int = 4222
 ) -> Path:
     """Write the server config where only its owner can read it (it may hold passwords)."""
-    out = Path(path)
-    out.touch(mode=0o600)
-    out.write_text(server_config(tenants, subjects, port=port))
-    return out
+    return write_private(path, server_config(tenants, subjects, port=port))
+
+
+def write_private(path: str | Path, text: str) -> Path:
+    """Write `text` to a file only its owner can read, even if it existed with a wider mode."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode applies to a new file only
+        out.write(text)
+    return Path(path)
 
 
 def settings_for(base: BrokerSettings, user: str, password: str | None) -> BrokerSettings:

@@ -100,8 +100,8 @@ class GuardedClient(Client):
             if call.done():
                 return call.result()
             call.cancel()
-            with contextlib.suppress(BaseException):
-                await call
+            # Waited for, not awaited: its CancelledError is not this caller's cancellation.
+            await asyncio.wait({call})
             raise cast(PermissionDenied, denied.exception())
 
     async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Subscription:

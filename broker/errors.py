@@ -205,6 +205,23 @@ class ServerError(PermanentError):
     """The embedded nats-server did not start or stop as asked."""
 
 
+# nats-py errors about the call itself (a bad subject, key or payload, bad credentials, a
+# server without a needed feature): trying again cannot help, so they are not Disconnected.
+_REFUSED_BY_CLIENT = (
+    nats.errors.MaxPayloadError,
+    nats.errors.BadSubjectError,
+    nats.errors.BadHeaderError,
+    nats.errors.InvalidUserCredentialsError,
+    nats.errors.MsgAlreadyAckdError,
+    nats.errors.NotJSMessageError,
+    nats.js.errors.InvalidKeyError,
+    nats.js.errors.InvalidBucketNameError,
+    nats.js.errors.InvalidObjectNameError,
+    nats.js.errors.DigestMismatchError,
+    nats.js.errors.KeyValueLimitMarkerTTLNotSupportedError,
+)
+
+
 def from_nats(exc: BaseException) -> BaseException:
     """Map a nats-py (or asyncio timeout, network) exception onto the vramfabric tree.
 
@@ -223,6 +240,8 @@ def from_nats(exc: BaseException) -> BaseException:
         return Disconnected("no responders")
     if isinstance(exc, asyncio.TimeoutError | nats.errors.TimeoutError):
         return Disconnected("request timed out")
+    if isinstance(exc, _REFUSED_BY_CLIENT):
+        return PermanentError(f"nats: {type(exc).__name__}: {exc}")
     # Only network OSErrors: a FileNotFoundError or an OS PermissionError is not a blip.
     if isinstance(exc, nats.errors.Error | ConnectionError | socket.gaierror) or (
         type(exc) is OSError

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+def positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    """Validate that the field is > 0 (an attrs validator; the message names the field)."""
     if value <= 0:
         raise ValueError(f"{attr.name} must be > 0, got {value}")
 
@@ -21,8 +22,8 @@ class RetryPolicy:
     max_retries: int = attrs.field(
         default=3, validator=[attrs.validators.ge(0), attrs.validators.le(10_000)]
     )
-    initial_backoff_s: float = attrs.field(default=1.0, validator=_positive)
-    max_backoff_s: float = attrs.field(default=16.0, validator=_positive)
+    initial_backoff_s: float = attrs.field(default=1.0, validator=positive)
+    max_backoff_s: float = attrs.field(default=16.0, validator=positive)
 
     @property
     def max_deliver(self) -> int:

@@ -24,20 +24,16 @@ from tenacity.stop import stop_any, stop_base, stop_before_delay, stop_never
 from tenacity.wait import wait_random_exponential
 
 from .errors import TransientError, nats_errors
+from .retry import positive
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attr.name} must be > 0, got {value}")
-
-
 def _positive_or_none(inst: object, attr: attrs.Attribute[float], value: float | None) -> None:
     if value is not None:
-        _positive(inst, attr, value)
+        positive(inst, attr, value)
 
 
 class _GiveUp(stop_base):
@@ -61,8 +57,8 @@ class CallRetry:
     """
 
     deadline_s: float | None = attrs.field(default=30.0, validator=_positive_or_none)
-    pause_s: float = attrs.field(default=0.1, validator=_positive)
-    max_pause_s: float = attrs.field(default=1.0, validator=_positive)
+    pause_s: float = attrs.field(default=0.1, validator=positive)
+    max_pause_s: float = attrs.field(default=1.0, validator=positive)
 
     def within(self, deadline_s: float | None) -> CallRetry:
         """The same pauses with another deadline (None: no deadline)."""

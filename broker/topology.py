@@ -140,7 +140,6 @@ async def provision(js: JetStreamContext, settings: BrokerSettings, tenants: lis
         await outputs_store(js, settings, tenant)
 
 
-
 async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)

@@ -14,13 +14,14 @@ import logging
 import time
 
 import attrs
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage, from_nats, nats_errors
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
@@ -51,16 +52,9 @@ class FleetView:
         self._pruner = asyncio.get_running_loop().create_task(self._prune_loop())
 
     async def _load(self) -> None:
-        kv = await topology.nodes_bucket(self.conn.js, self.broker)
-        bucket = self.broker.subjects.nodes_bucket()
-        for key in await topology.kv_keys(self.conn.js, self.broker, bucket):
-            try:
-                entry = await kv.get(key)
-            except Exception as exc:  # expired between keys() and get(): nothing to load
-                log.debug("advert gone key=%s error=%s", key, from_nats(exc))
-                continue
-            if entry.value and key not in self.adverts:
-                self._apply(entry.value, key)
+        for key, data in (await stored_adverts(self.conn, self.broker)).items():
+            if key not in self.adverts:
+                self._apply(data, key)
 
     async def _on_advert(self, msg: Msg) -> None:
         self._apply(msg.data, msg.subject)
@@ -117,3 +111,18 @@ class FleetView:
                 await self._sub.unsubscribe()
             except Exception as exc:
                 log.debug("advert unsubscribe failed error=%s", from_nats(exc))
+
+
+async def stored_adverts(conn: Connection, broker: BrokerSettings) -> dict[str, bytes]:
+    """The adverts in the bucket now, undecoded, by node (a node gone meanwhile is skipped)."""
+    kv = await topology.nodes_bucket(conn.js, broker)
+    out: dict[str, bytes] = {}
+    for key in await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()):
+        with nats_errors():
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:  # expired since the listing
+                continue
+        if entry.value:
+            out[key] = entry.value
+    return out

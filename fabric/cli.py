@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -16,18 +17,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-import nats.js.errors
 
-from vramfabric.broker import auth, tenants, topology
+from vramfabric.broker import auth, tenants
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     Disconnected,
+    InvalidMessage,
     JobCancelled,
     JobNotFound,
     JobTimeout,
-    ServerError,
     VramfabricError,
 )
 from vramfabric.broker.messages import NodeAdvert
@@ -35,6 +35,7 @@ from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import lifecycle
 from vramfabric.coordinator.fabric import Fabric, JobResult
+from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
@@ -55,6 +56,8 @@ from .report import (
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
 RET_NOT_FOUND, RET_CANCELLED = 5, 6
+log = logging.getLogger(__name__)
+
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 T = TypeVar("T")
 
@@ -107,12 +110,14 @@ def cmd_server(args: argparse.Namespace) -> int:
     # Block the stop signals first so sigwait receives them instead of their default action.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     server: NatsServer | LocalCluster
+    config_dir: Path | None = None  # the generated config holds every password
     if args.cluster > 1:
         server = LocalCluster(size=args.cluster, base_dir=args.store).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
     elif args.tenants:
         server, policy = _auth_server(args)
+        config_dir = policy.parent
         hint = (
             f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
             "VRAMFABRIC_NATS_PASSWORD=<its password>; workers (no passwords but their own): "
@@ -126,6 +131,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         server.stop()
+        if config_dir is not None:
+            shutil.rmtree(config_dir, ignore_errors=True)
     return RET_OK
 
 
@@ -194,6 +201,7 @@ def _auth_server(args: argparse.Namespace) -> tuple[NatsServer, Path]:
         asyncio.run(auth.provision_tenants(operator, file))
     except BaseException:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
         raise
     return server, policy
 
@@ -282,7 +290,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
     adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
     status = status_dict(adverts)
-    policy = tenants.load(args.tenants).policy if args.tenants else tenants.TenantPolicy()
+    policy = tenants.load_policy(args.tenants) if args.tenants else tenants.TenantPolicy()
     status["tenants"] = tenant_rows(adverts, policy)
     if args.json:
         print(json.dumps(status))
@@ -370,18 +378,16 @@ def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list
 async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
     conn = await connect(broker, name="status")
     try:
-        kv = await topology.nodes_bucket(conn.js, broker)
-        out = []
-        for key in await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()):
-            try:
-                entry = await kv.get(key)
-            except nats.js.errors.KeyNotFoundError:  # a node that left since the listing
-                continue
-            if entry.value:
-                out.append(decode(NodeAdvert, entry.value))
-        return out
+        stored = await stored_adverts(conn, broker)
     finally:
         await conn.close()
+    out = []
+    for node, data in sorted(stored.items()):
+        try:
+            out.append(decode(NodeAdvert, data))
+        except InvalidMessage as exc:  # counted out, as coordinators do: the rest still show
+            log.warning("bad advert ignored node=%s error=%s", node, exc)
+    return out
 
 
 def add_metrics_port(
@@ -457,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_run)
     p = sub.add_parser("status", help="show live nodes, slices free and leased, usage per tenant")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--tenants", help="tenants file, for quotas and weights")
+    p.add_argument(
+        "--tenants", help="tenants or policy file (no credentials needed): quotas and weights"
+    )
     p.set_defaults(handler=cmd_status)
     _add_job_commands(sub)
     return parser
@@ -487,21 +495,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.handler(args))
-    except Disconnected as exc:
+    except (VramfabricError, ValueError) as exc:
         err.print(f"vramfabric: {exc}")
-        return RET_CONNECT
-    except JobTimeout as exc:
-        err.print(f"vramfabric: {exc}")
-        return RET_JOB_FAILED
-    except JobNotFound as exc:
-        err.print(f"vramfabric: {exc}")
-        return RET_NOT_FOUND
-    except JobCancelled as exc:
-        err.print(f"vramfabric: {exc}")
-        return RET_CANCELLED
-    except (ServerError, VramfabricError, ValueError) as exc:
-        err.print(f"vramfabric: {exc}")
-        return RET_FAILED
+        return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
+
+
+# The exit code of a command that failed, by error; the first match wins.
+_EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
+    (Disconnected, RET_CONNECT),
+    (JobTimeout, RET_JOB_FAILED),
+    (JobNotFound, RET_NOT_FOUND),
+    (JobCancelled, RET_CANCELLED),
+    (Exception, RET_FAILED),
+)
 
 
 if __name__ == "__main__":

@@ -84,9 +84,9 @@ class LocalFleet:
             self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
             # Workers get the policy alone: tenants' code on a node never finds a password.
             tenants.write_policy(self._tenants.policy, self.policy_file)
-        if self.url is None:
-            self.server = self._start_server()
         try:
+            if self.url is None:
+                self.server = self._start_server()
             for i in range(self.workers):
                 self.procs.append(self.spawn_worker(f"local-{i}"))
             for proc in self.procs:
@@ -212,10 +212,7 @@ class LocalFleet:
 
 def demo_tenants_file(path: str | Path, names: tuple[str, ...] = ("demo",)) -> Path:
     """Write a tenants file with fresh random passwords (weight 1, no quota, no code)."""
-    out = Path(path)
     lines = [f'[operator]\npassword = "{secrets.token_hex(16)}"']
     lines.append(f'[workers]\npassword = "{secrets.token_hex(16)}"')
     lines += [f'[tenants.{n}]\npassword = "{secrets.token_hex(16)}"' for n in names]
-    out.touch(mode=0o600)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return auth.write_private(path, "\n".join(lines) + "\n")

@@ -65,7 +65,9 @@ def load_registry(base: Registry, modules: Iterable[str]) -> Registry:
     """
     registry = base
     for name in modules:
-        kernels = getattr(importlib.import_module(name), "KERNELS", None)
+        found = getattr(importlib.import_module(name), "KERNELS", None)
+        # A tuple first: checking a generator would use it up before it is registered.
+        kernels = tuple(found) if isinstance(found, Iterable) else None
         if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
             raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
         registry = registry.with_kernels(kernels)

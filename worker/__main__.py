@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="exit 0 if this node's advert is fresh in KV, else 1"
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0)
+    # Suppressed default: under `vramfabric -v worker` the top-level count must stand.
+    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
 
 
 def worker_settings(args: argparse.Namespace) -> WorkerSettings:
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m vramfabric.worker`."""
     parser = argparse.ArgumentParser(prog="vramfabric-worker", description=__doc__)
     add_arguments(parser)
+    parser.set_defaults(verbose=0)
     args = parser.parse_args(argv)
     return run(args)
 

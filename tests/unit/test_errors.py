@@ -220,3 +220,22 @@ def test_errors_carry_their_details() -> None:
 
 def test_job_timeout_is_a_timeout_error() -> None:
     assert isinstance(e.JobTimeout("late"), TimeoutError)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        nats.errors.MaxPayloadError(),
+        nats.errors.BadSubjectError(),
+        nats.errors.InvalidUserCredentialsError(),
+        nats.js.errors.InvalidKeyError(),
+        nats.js.errors.DigestMismatchError(),
+        nats.js.errors.KeyValueLimitMarkerTTLNotSupportedError(),
+    ],
+    ids=lambda x: type(x).__name__,
+)
+def test_errors_about_the_call_itself_are_permanent_not_retried(exc: Exception) -> None:
+    # A payload over the limit or bad credentials stays so however often it is retried
+    mapped = e.from_nats(exc)
+    assert type(mapped) is e.PermanentError
+    assert type(exc).__name__ in str(mapped)
