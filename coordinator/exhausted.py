@@ -12,12 +12,18 @@ import json
 import logging
 
 import attrs
-import nats.js.errors
 from nats.aio.msg import Msg
 
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import ErrorKind, InvalidMessage, ResultAlreadyRecorded, from_nats
+from vramfabric.broker.errors import (
+    ErrorKind,
+    InvalidMessage,
+    PermanentError,
+    ResultAlreadyRecorded,
+    TransientError,
+    VramfabricError,
+)
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
@@ -51,28 +57,36 @@ class ExhaustedWatcher:
 
     async def _on_advisory(self, msg: Msg) -> None:
         try:
-            seq = int(json.loads(msg.data)["stream_seq"])
-            deliveries = int(json.loads(msg.data).get("deliveries", 0))
+            advisory = json.loads(msg.data)
+            seq = int(advisory["stream_seq"])
+            deliveries = int(advisory.get("deliveries", 0))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("bad max-deliveries advisory ignored error=%s", exc)
             return
         stream = self.broker.subjects.work_stream(self.spec.tenant)
+        policy = self.broker.call_retry
         try:
-            raw = await self.conn.js.get_msg(stream, seq)
-        except nats.js.errors.NotFoundError:
-            return  # already dead-lettered by an earlier run, or acked after all
-        except Exception as exc:
-            log.warning("exhausted chunk unreadable seq=%d error=%s", seq, from_nats(exc))
+            raw = await policy.call(
+                lambda: self.conn.js.get_msg(stream, seq), what=f"read exhausted chunk seq={seq}"
+            )
+        except PermanentError as exc:  # gone: dead-lettered by an earlier run, or acked after all
+            log.debug("exhausted chunk not there seq=%d error=%s", seq, exc)
+            return
+        except TransientError as exc:
+            log.warning("exhausted chunk unreadable seq=%d error=%s", seq, exc)
             return
         index = _index(raw.data or b"", raw.headers)
-        if index is not None:
-            await self._record(index, deliveries)
+        if index is not None and not await self._record(index, deliveries):
+            return  # kept in the work stream: a rerun finds the chunk without a result
         try:
-            await self.conn.js.delete_msg(stream, seq)
-        except Exception as exc:
-            log.warning("exhausted chunk not deleted seq=%d error=%s", seq, from_nats(exc))
+            await policy.call(
+                lambda: self.conn.js.delete_msg(stream, seq), what=f"delete exhausted seq={seq}"
+            )
+        except VramfabricError as exc:
+            log.warning("exhausted chunk not deleted seq=%d error=%s", seq, exc)
 
-    async def _record(self, index: int, deliveries: int) -> None:
+    async def _record(self, index: int, deliveries: int) -> bool:
+        """Store the chunk's `exhausted` result; whether the chunk now has a result."""
         result = ChunkResult(
             job=self.spec.job_id,
             index=index,
@@ -83,14 +97,19 @@ class ExhaustedWatcher:
         )
         subject = self.broker.subjects.result(self.spec.tenant, self.spec.job_id, index)
         try:
-            await self.conn.js.publish(subject, encode(result))
-            log.warning(
-                "chunk exhausted job=%s index=%d deliveries=%d", self.spec.job_id, index, deliveries
+            await self.broker.call_retry.call(
+                lambda: self.conn.js.publish(subject, encode(result)),
+                what=f"record exhausted chunk index={index}",
             )
-        except Exception as exc:
-            err = from_nats(exc)
-            if not isinstance(err, ResultAlreadyRecorded):
-                log.warning("exhausted result not recorded index=%d error=%s", index, err)
+        except ResultAlreadyRecorded:
+            return True
+        except VramfabricError as exc:
+            log.warning("exhausted result not recorded index=%d error=%s", index, exc)
+            return False
+        log.warning(
+            "chunk exhausted job=%s index=%d deliveries=%d", self.spec.job_id, index, deliveries
+        )
+        return True
 
     async def stop(self) -> None:
         """Stop following advisories."""
