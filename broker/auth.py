@@ -1,11 +1,15 @@
-"""nats-server configuration from a tenants file: one user per tenant, workers, operator.
+"""nats-server configuration from a tenants file: one NATS account per tenant, and FABRIC.
 
-A tenant's user may publish and read only its own subjects, and call the JetStream API only
-on its own streams, each named exactly: a wildcard spanning tenants in a consumer-create
-grant would let one tenant take over another's consumer (NATS_GUIDE.md section 8). It may
-not create, update or delete streams (the operator provisions them): a stream a tenant could
-create may capture another tenant's subjects. Permission patterns are built here, from the
-names in subjects.py; they are config, not subjects anyone publishes to.
+Permissions never cover the reply subject of a request, and whatever answers a request (the
+JetStream API, a direct get, a node's lease service) publishes where the asker says, with
+its own rights (NATS_GUIDE.md section 12). So within one account any user reaches every
+subject of it. Each tenant therefore gets an account of its own: its streams, buckets,
+stores, inboxes and JetStream API live there, and what crosses to the fabric's account
+(workers, operator, adverts, lease services) is only what the narrow imports and exports
+below name. Inside its account a tenant's user is still held to its own subjects and
+streams (it may not create or delete streams: the operator provisions them). Permission
+patterns are built here, from the names in subjects.py; they are config, not subjects
+anyone publishes to.
 """
 
 from __future__ import annotations
@@ -62,24 +66,60 @@ def _shared_kv_read(stream: str) -> list[str]:
     ]
 
 
-def _object_put(s: Subjects, bucket: str) -> list[str]:
-    """Putting objects into a store, nothing that reads their data back.
+FABRIC_ACCOUNT = "FABRIC"
 
-    An object put publishes chunks and a meta message, looks the name's old meta up by a
-    direct get of the meta subject (worker/store.py), and purges replaced or failed chunks.
-    Message gets by sequence and direct gets of chunk subjects are left out: they read data.
-    """
-    stream = s.object_stream(bucket)
+
+def tenant_account(tenant: str) -> str:
+    """The NATS account of one tenant (its streams, buckets, stores, inboxes, JetStream API)."""
+    return f"TENANT_{tenant}"
+
+
+def operator_user(tenant: str) -> str:
+    """The operator's user inside one tenant's account: it provisions that account's streams."""
+    return f"{OPERATOR_USER}_{tenant}"
+
+
+def _fleet_reads(s: Subjects, api: str = _API) -> list[str]:
+    """Reading the adverts bucket: its info and its messages, nothing that writes."""
+    stream = s.kv_stream(s.nodes_bucket())
     return [
-        s.object_subjects(bucket),
-        f"{_API}.STREAM.INFO.{stream}",
-        f"{_API}.STREAM.PURGE.{stream}",
-        f"{_API}.DIRECT.GET.{stream}.{s.object_meta_subjects(bucket)}",
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+    ]
+
+
+def _worker_paths(s: Subjects, tenant: str, api: str = _API) -> list[tuple[str, bool]]:
+    """What a tenant's account exports to the workers: (subject, streams replies).
+
+    The JetStream calls are named with `api` (`$JS.API` where the tenant's account exports
+    them, `Subjects.tenant_api` where the workers' account imports them). Pulls of work
+    answer with many messages; everything else answers once. No call here reads results,
+    outputs or job records, and none creates, changes or deletes anything but outputs.
+    """
+    work = s.work_stream(tenant)
+    jobs = s.kv_stream(s.jobs_bucket())
+    kernels = s.object_stream(s.kernels_store(tenant))
+    outputs_bucket = s.outputs_store(tenant)
+    outputs = s.object_stream(outputs_bucket)
+    return [
+        (f"{api}.CONSUMER.MSG.NEXT.{work}.*", True),
+        (f"$JS.ACK.{work}.>", False),
+        (s.result_filter(tenant), False),
+        (f"{api}.DIRECT.GET.{jobs}.{s.kv_subjects(s.jobs_bucket())}", False),
+        (f"{api}.DIRECT.GET.{kernels}", False),
+        (f"{api}.DIRECT.GET.{kernels}.>", False),
+        # Large outputs: the chunks and meta an object put publishes, the purge of the chunks
+        # it replaces, and the direct get of an output's meta (worker/store.py).
+        (s.object_subjects(outputs_bucket), False),
+        (f"{api}.STREAM.PURGE.{outputs}", False),
+        (f"{api}.DIRECT.GET.{outputs}.{s.object_meta_subjects(outputs_bucket)}", False),
     ]
 
 
 def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
-    """The publish and subscribe allow-lists of one tenant's user."""
+    """The publish and subscribe allow-lists of one tenant's user, inside its own account."""
     kernels, outputs = s.kernels_store(tenant), s.outputs_store(tenant)
     own_streams = (
         s.work_stream(tenant),
@@ -89,7 +129,7 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         s.object_stream(outputs),
     )
     publish = [
-        f"{s.prefix}.lease.{tenant}.>",
+        f"{s.prefix}.lease.{tenant}.>",  # imported: the nodes' lease service
         s.work_filter(tenant),
         s.result_filter(tenant),  # the coordinator records chunks that ran out of deliveries
         s.kv_subjects(s.jobs_bucket())[:-1] + f"{tenant}.>",  # its own job specs and records
@@ -99,9 +139,8 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         + f"{tenant}.>",
         s.object_subjects(kernels),
         *(p for stream in own_streams for p in _stream_reads(stream)),
-        *_shared_kv_read(s.kv_stream(s.nodes_bucket())),
-        # nats-py's object-store get looks its stream up by subject. Stream names carry
-        # tenant names, which adverts show anyway: tenant names are not secret.
+        *_fleet_reads(s, s.fleet_api()),  # imported from the fabric's account
+        # nats-py's object-store get looks its stream up by subject.
         f"{_API}.STREAM.NAMES",
     ]
     subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter()]
@@ -109,32 +148,22 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
 
 
 def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]:
-    """The node agents' user: serve leases, pull and ack work, publish results, never read them.
+    """The node agents' user in the fabric's account: serve leases, advertise, run work.
 
-    Results are written by publishing to their subject; no grant here reads the results
-    streams, and replies go only to the requester's inbox (`allow_responses`).
+    It reaches a tenant's account only through what that account exports (`_worker_paths`):
+    pull and ack its work, read job specs and code, publish results and store outputs.
+    Replies go only to the requester's inbox (`allow_responses`).
     """
-    shared = (s.nodes_bucket(), s.jobs_bucket(), s.checkpoints_bucket())
+    fabric_buckets = (s.nodes_bucket(), s.checkpoints_bucket(), s.quota_bucket())
     publish = [
         s.advert_filter(),
         f"{s.prefix}.events.>",
-        s.kv_subjects(s.nodes_bucket()),
-        s.kv_subjects(s.checkpoints_bucket()),
-        *(p for bucket in shared for p in _shared_kv_read(s.kv_stream(bucket))),
+        *(s.kv_subjects(bucket) for bucket in fabric_buckets),
+        *(p for bucket in fabric_buckets for p in _shared_kv_read(s.kv_stream(bucket))),
         f"{_API}.STREAM.NAMES",
     ]
     for tenant in tenants:
-        work = s.work_stream(tenant)
-        kernels, outputs = s.kernels_store(tenant), s.outputs_store(tenant)
-        publish += [
-            s.result_filter(tenant),
-            f"{_API}.STREAM.INFO.{work}",
-            f"{_API}.CONSUMER.INFO.{work}.*",
-            f"{_API}.CONSUMER.MSG.NEXT.{work}.*",
-            f"$JS.ACK.{work}.>",
-            *_shared_kv_read(s.object_stream(kernels)),
-            *_object_put(s, outputs),
-        ]
+        publish += [subject for subject, _ in _worker_paths(s, tenant, s.tenant_api(tenant))]
     subscribe = [
         f"{s.inbox_prefix(WORKERS_USER)}.>",
         s.advert_filter(),
@@ -159,7 +188,7 @@ def _user(name: str, cred: Credential, permissions: dict[str, object] | None) ->
 def server_config(
     tenants: TenantsFile, subjects: Subjects, *, host: str = "127.0.0.1", port: int = 4222
 ) -> str:
-    """The nats-server config text: JetStream on, and one account holding every user.
+    """The nats-server config text: JetStream on, one account per tenant and the fabric's.
 
     The operator has no permission limits. The config is JSON, which nats-server's
     config parser reads as it is (no escaping rules of our own to get wrong).
@@ -168,18 +197,74 @@ def server_config(
     return json.dumps(config, indent=2)
 
 
+def _service(subject: str, account: str, to: str | None = None) -> dict[str, object]:
+    """A service import of `subject` from `account`, under `to` here when given."""
+    entry: dict[str, object] = {"service": {"account": account, "subject": subject}}
+    if to is not None and to != subject:
+        entry["to"] = to
+    return entry
+
+
 def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
-    """The `accounts` block alone: one JetStream account holding every user (for clusters)."""
+    """The `accounts` block: the fabric's account and one per tenant, joined by narrow imports.
+
+    FABRIC holds the operator and the workers, the adverts, the lease services and the
+    checkpoints. A tenant's account holds its user, its streams, buckets and stores, and
+    the operator's user for it. What crosses (docs/operations.md has the picture): lease
+    requests of that tenant to the nodes, adverts and reads of the adverts bucket (fabric
+    to tenant); the work, result, code and output paths the workers need (tenant to fabric).
+    A request that crosses is answered on a reply subject the server makes, which leads back
+    to the asker's account and nowhere else.
+    """
+    if tenants.operator.password is None:
+        raise ValueError(
+            "the operator needs a password (it provisions each tenant's account as "
+            f"{operator_user('<tenant>')} with it)"
+        )
+    s = subjects
+    names = [t.name for t in tenants.tenants]
+    fleet = _fleet_reads(s)
+    fabric_exports: list[dict[str, object]] = [
+        {"stream": s.advert_filter(), "accounts": [tenant_account(n) for n in names]},
+        *({"service": sub, "accounts": [tenant_account(n) for n in names]} for sub in fleet),
+        *({"service": f"{s.prefix}.lease.{n}.>", "accounts": [tenant_account(n)]} for n in names),
+    ]
+    fabric_imports: list[dict[str, object]] = []
+    out: dict[str, object] = {}
+    for tenant in tenants.tenants:
+        n, account = tenant.name, tenant_account(tenant.name)
+        exported = _worker_paths(s, n)
+        imported = _worker_paths(s, n, s.tenant_api(n))
+        fabric_imports += [
+            _service(src, account, to) for (src, _), (to, _) in zip(exported, imported, strict=True)
+        ]
+        out[account] = {
+            "jetstream": "enabled",
+            "users": [
+                _tenant_user(s, tenant),
+                _user(operator_user(n), tenants.operator, None),
+            ],
+            "exports": [
+                {"service": sub, "accounts": [FABRIC_ACCOUNT]}
+                | ({"response_type": "stream"} if streams else {})
+                for sub, streams in exported
+            ],
+            "imports": [
+                _service(f"{s.prefix}.lease.{n}.>", FABRIC_ACCOUNT),
+                {"stream": {"account": FABRIC_ACCOUNT, "subject": s.advert_filter()}},
+                *(
+                    _service(src, FABRIC_ACCOUNT, to)
+                    for src, to in zip(fleet, _fleet_reads(s, s.fleet_api()), strict=True)
+                ),
+            ],
+        }
     users = [
         _user(OPERATOR_USER, tenants.operator, None),
-        _user(
-            WORKERS_USER,
-            tenants.workers,
-            worker_permissions(subjects, [t.name for t in tenants.tenants]),
-        ),
-        *(_tenant_user(subjects, t) for t in tenants.tenants),
+        _user(WORKERS_USER, tenants.workers, worker_permissions(s, names)),
     ]
-    return {"FABRIC": {"jetstream": "enabled", "users": users}}
+    fabric = {"jetstream": "enabled", "users": users, "exports": fabric_exports}
+    fabric["imports"] = fabric_imports
+    return {FABRIC_ACCOUNT: fabric, **out}
 
 
 def _tenant_user(subjects: Subjects, tenant: Tenant) -> dict[str, object]:
@@ -208,9 +293,19 @@ def settings_for(base: BrokerSettings, user: str, password: str | None) -> Broke
 
 
 async def provision_tenants(operator: BrokerSettings, tenants: TenantsFile) -> None:
-    """As the operator, create the shared buckets and every tenant's streams and stores."""
+    """As the operator, create the fabric's buckets, then each tenant's streams and stores.
+
+    Each tenant's are made in its own account, logged in as the operator's user there.
+    """
     conn = await connect(operator, name="provision")
     try:
-        await topology.provision(conn.js, operator, [t.name for t in tenants.tenants])
+        await topology.provision_fabric(conn.js, operator)
     finally:
         await conn.close()
+    for tenant in tenants.tenants:
+        inside = settings_for(operator, operator_user(tenant.name), operator.password)
+        conn = await connect(inside, name="provision")
+        try:
+            await topology.provision_tenant(conn.js, inside, tenant.name)
+        finally:
+            await conn.close()

@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 
 from .errors import Disconnected, PermissionDenied, TransientError, from_nats
 from .settings import BrokerSettings
-from .subjects import Subjects
+from .subjects import JS_API, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,36 @@ class Connection:
 
     nc: Client
     js: JetStreamContext
+    settings: BrokerSettings = attrs.field(factory=BrokerSettings)
     errors: list[str] = attrs.field(factory=list)
     # Called after every reconnect: subscriptions that live on server state (pull requests,
     # ephemeral consumers) must be renewed, since a restarted server has forgotten them.
     on_reconnect: list[Callable[[], None]] = attrs.field(factory=list)
+    _prefixed: dict[str, JetStreamContext] = attrs.field(factory=dict, init=False)
+
+    @property
+    def fleet_js(self) -> JetStreamContext:
+        """JetStream for the fleet's adverts bucket (through an import in a tenant's account)."""
+        return self._with_prefix(self.settings.fleet_api)
+
+    def tenant_js(self, tenant: str) -> JetStreamContext:
+        """JetStream for one tenant's streams and stores, as the workers reach them.
+
+        With auth on, the workers' account reaches a tenant's account only through the calls
+        that account exports, imported under `Subjects.tenant_api`; without auth every
+        tenant's streams are in this connection's own account.
+        """
+        return self._with_prefix(self.settings.tenant_api(tenant))
+
+    def _with_prefix(self, prefix: str) -> JetStreamContext:
+        if prefix == JS_API:
+            return self.js
+        js = self._prefixed.get(prefix)
+        if js is None:
+            js = self._prefixed[prefix] = self.nc.jetstream(
+                prefix=prefix, timeout=self.settings.request_timeout_s
+            )
+        return js
 
     async def close(self) -> None:
         """Flush and close the connection; safe to call twice."""
@@ -209,7 +235,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         raise err from exc
     connected.set()
     js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
-    return Connection(nc=nc, js=js, errors=errors, on_reconnect=listeners)
+    return Connection(nc=nc, js=js, settings=settings, errors=errors, on_reconnect=listeners)
 
 
 def _refused(exc: BaseException, nc: Client) -> bool:

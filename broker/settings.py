@@ -10,9 +10,15 @@ import attrs
 
 from . import discovery
 from .retrying import CallRetry
-from .subjects import Subjects
+from .subjects import JS_API, Subjects
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+
+# The fabric's own users (account FABRIC when auth is on); any other user is a tenant, in an
+# account of its own (broker/auth.py).
+OPERATOR_USER = "vf_operator"
+WORKERS_USER = "vf_workers"
+RESERVED_USERS = (OPERATOR_USER, WORKERS_USER)
 
 _UNITS = {
     "": 1,
@@ -95,6 +101,29 @@ class BrokerSettings:
     retry_deadline_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     retry_pause_s: float = attrs.field(default=0.1, validator=attrs.validators.gt(0))
     retry_max_pause_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether credentials are given: auth is on, one NATS account per tenant."""
+        return bool(self.user or self.password or self.creds_file or self.nkey_seed_file)
+
+    @property
+    def in_tenant_account(self) -> bool:
+        """Whether this client logs in to a tenant's own account (auth on, not a service user).
+
+        Such a client reaches the fleet's shared state (adverts) only through its account's
+        imports, under `Subjects.fleet_api()`.
+        """
+        return self.authenticated and self.user not in RESERVED_USERS
+
+    @property
+    def fleet_api(self) -> str:
+        """The JetStream API prefix of the adverts bucket, as this client reaches it."""
+        return self.subjects.fleet_api() if self.in_tenant_account else JS_API
+
+    def tenant_api(self, tenant: str) -> str:
+        """The JetStream API prefix of a tenant's streams, as the workers reach them."""
+        return self.subjects.tenant_api(tenant) if self.authenticated else JS_API
 
     @property
     def call_retry(self) -> CallRetry:

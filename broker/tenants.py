@@ -27,14 +27,16 @@ from typing import Any
 
 import attrs
 
-from .settings import parse_size
+# The service users' names live with the settings; imported from here too (re-exported).
+from .settings import OPERATOR_USER as OPERATOR_USER
+from .settings import RESERVED_USERS, parse_size
+from .settings import WORKERS_USER as WORKERS_USER
 from .subjects import token
 
 log = logging.getLogger(__name__)
 
-OPERATOR_USER = "vf_operator"
-WORKERS_USER = "vf_workers"
-RESERVED_USERS = (OPERATOR_USER, WORKERS_USER)
+# A tenant's account also holds a user of the operator's (provisioning) under this prefix.
+RESERVED_PREFIX = "vf_"
 
 
 @attrs.frozen
@@ -140,8 +142,10 @@ def parse(raw: Mapping[str, Any]) -> TenantsFile:
         raise ValueError("no [tenants.<name>] table")
     tenants = []
     for name, body in tenants_raw.items():
-        if name in RESERVED_USERS:
-            raise ValueError(f"tenant name {name!r} is reserved")
+        if name in RESERVED_USERS or name.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"tenant name {name!r} is reserved (names starting {RESERVED_PREFIX!r})"
+            )
         tenants.append(_tenant(name, body))
     return TenantsFile(
         operator=_credential("operator", raw.get("operator")),

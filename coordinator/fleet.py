@@ -115,9 +115,14 @@ class FleetView:
 
 async def stored_adverts(conn: Connection, broker: BrokerSettings) -> dict[str, bytes]:
     """The adverts in the bucket now, undecoded, by node (a node gone meanwhile is skipped)."""
-    kv = await topology.nodes_bucket(conn.js, broker)
+    js = conn.fleet_js  # a tenant's account reads it through an import (auth on)
+    if broker.in_tenant_account:
+        with nats_errors():
+            kv = await js.key_value(broker.subjects.nodes_bucket())
+    else:
+        kv = await topology.nodes_bucket(js, broker)
     out: dict[str, bytes] = {}
-    for key in await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()):
+    for key in await topology.kv_keys(js, broker, broker.subjects.nodes_bucket()):
         with nats_errors():
             try:
                 entry = await kv.get(key)

@@ -161,6 +161,7 @@ class JobPuller:
         subject = self.broker.subjects.pull_next(
             self.broker.subjects.work_stream(self.tenant),
             self.broker.subjects.job_consumer(self.job),
+            self.broker.tenant_api(self.tenant),  # through the tenant account's export
         )
         try:
             await self.conn.nc.publish(subject, json.dumps(body).encode(), reply=self._inbox)

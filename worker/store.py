@@ -13,12 +13,12 @@ import logging
 
 import attrs
 import nats.js.errors
-from nats.js import JetStreamContext
 from nats.js.api import ObjectInfo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import topology
+from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import Subjects
@@ -51,14 +51,14 @@ class PutOnlyStore(ObjectStore):
 class ChunkStore:
     """Checkpoints and outputs of chunks, for one node."""
 
-    js: JetStreamContext
+    conn: Connection
     broker: BrokerSettings
     _checkpoints: KeyValue | None = attrs.field(default=None, init=False)
     _outputs: dict[str, ObjectStore] = attrs.field(factory=dict, init=False)
 
     async def _bucket(self) -> KeyValue:
         if self._checkpoints is None:
-            self._checkpoints = await topology.checkpoints_bucket(self.js, self.broker)
+            self._checkpoints = await topology.checkpoints_bucket(self.conn.js, self.broker)
         return self._checkpoints
 
     def _key(self, tenant: str, job: str, index: int) -> str:
@@ -92,9 +92,12 @@ class ChunkStore:
         store = self._outputs.get(tenant)
         if store is None:
             bucket = self.broker.subjects.outputs_store(tenant)
-            await topology.outputs_store(self.js, self.broker, tenant)
+            if not self.broker.authenticated:
+                # With auth on it is in the tenant's account, provisioned by the operator.
+                await topology.outputs_store(self.conn.js, self.broker, tenant)
+            js = self.conn.tenant_js(tenant)
             store = PutOnlyStore(
-                name=bucket, stream=self.broker.subjects.object_stream(bucket), js=self.js
+                name=bucket, stream=self.broker.subjects.object_stream(bucket), js=js
             )
             self._outputs[tenant] = store
         with nats_errors():

@@ -16,8 +16,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import attrs
-import nats.js.errors
-from nats.js.object_store import ObjectStore
 
 from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
@@ -85,8 +83,8 @@ BlobKey = tuple[str, str]
 class WorkLoader:
     """Fetches uploaded code by digest from its tenant's kernels store, once per node."""
 
-    open_store: Callable[[str], Awaitable[ObjectStore]]
-    _stores: dict[str, ObjectStore] = attrs.field(factory=dict, init=False)
+    # (tenant, digest) -> the blob, or None if the tenant's store does not hold it.
+    read_blob: Callable[[str, str], Awaitable[bytes | None]]
     _blobs: OrderedDict[BlobKey, bytes] = attrs.field(factory=OrderedDict, init=False)
     _fetching: dict[BlobKey, asyncio.Task[bytes]] = attrs.field(factory=dict, init=False)
 
@@ -114,15 +112,14 @@ class WorkLoader:
 
     async def _fetch(self, key: BlobKey) -> bytes:
         tenant, digest = key
-        with nats_errors():
-            try:
-                store = self._stores.get(tenant)
-                if store is None:
-                    store = self._stores[tenant] = await self.open_store(tenant)
-                result = await store.get(digest)
-            except nats.js.errors.NotFoundError:
-                raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store") from None
-        data = bytes(result.data or b"")
+        try:
+            with nats_errors():
+                found = await self.read_blob(tenant, digest)
+        except ValueError as exc:  # its chunks do not add up to what its meta says
+            raise KernelLoadFailed(f"kernel blob {digest[:12]}: {exc}") from None
+        if found is None:
+            raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store")
+        data = bytes(found)
         if hashlib.sha256(data).hexdigest() != digest:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")
         self._blobs[key] = data

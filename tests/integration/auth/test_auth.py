@@ -8,136 +8,39 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import tomllib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import nkeys
 import pytest
-import pytest_asyncio
 from nats.js.api import ConsumerConfig
 from nats.js.kv import KeyValue
 
+from tests.authsetup import (
+    CAROL_SEED,
+    PROMPT_S,
+    REQUEST_TIMEOUT_S,
+    TENANTS_TOML,
+    AuthFabric,
+    refused,
+)
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric import cli
-from vramfabric.broker import auth, tenants, topology
+from vramfabric.broker import tenants, topology
 from vramfabric.broker.codec import encode
-from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import ErrorKind, JobCancelled, JobNotFound, PermissionDenied
 from vramfabric.broker.messages import ReleaseRequest, RenewRequest
-from vramfabric.broker.server import NatsServer
-from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator import CoordinatorSettings, Fabric, Job, lifecycle
+from vramfabric.coordinator import Fabric, Job, lifecycle
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.coordinator.leasing import LeasePool
 from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
 from vramfabric.worker.store import PutOnlyStore
-
-# A refusal must come from the server's violation report, well before a request timeout.
-REQUEST_TIMEOUT_S = 5.0
-PROMPT_S = 2.0
-
-TENANTS_TOML = """
-[operator]
-password = "op-secret"
-[workers]
-password = "worker-secret"
-[tenants.alice]
-password = "alice-secret"
-quota = "6GiB"
-allow_code = true
-[tenants.bob]
-password = "bob-secret"
-[tenants.carol]
-nkey = "{carol}"
-"""
-# carol logs in with an nkey (her seed stays with her; the file holds the public key).
-CAROL_SEED = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-TENANTS_TOML = TENANTS_TOML.replace(
-    "{carol}", nkeys.from_seed(bytearray(CAROL_SEED)).public_key.decode()
-)
-
-
-@attrs.frozen
-class AuthFabric:
-    """A server started with the generated config, and settings per user."""
-
-    base: BrokerSettings
-    file: tenants.TenantsFile
-    path: Path
-
-    def as_user(self, user: str, password: str | None) -> BrokerSettings:
-        """Settings connecting as `user`."""
-        return auth.settings_for(self.base, user, password)
-
-    @property
-    def operator(self) -> BrokerSettings:
-        """The operator's settings."""
-        return self.as_user(tenants.OPERATOR_USER, "op-secret")
-
-    @property
-    def worker(self) -> BrokerSettings:
-        """The node agents' settings."""
-        return self.as_user(tenants.WORKERS_USER, "worker-secret")
-
-    def tenant(self, name: str) -> BrokerSettings:
-        """A tenant's settings."""
-        return self.as_user(name, f"{name}-secret")
-
-    @property
-    def policy(self) -> Path:
-        """Where the workers' policy file (no credentials) goes."""
-        return self.path.with_name("policy.toml")
-
-
-@pytest.fixture(scope="module")
-def auth_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthFabric]:
-    """nats-server on a free port with the config generated from TENANTS_TOML, provisioned."""
-    folder = tmp_path_factory.mktemp("auth")
-    path = folder / "tenants.toml"
-    path.write_text(TENANTS_TOML)
-    file = tenants.load(path)
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    base = BrokerSettings(prefix=prefix, node_ttl_s=2.0, request_timeout_s=REQUEST_TIMEOUT_S)
-    config = auth.write_config(file, base.subjects, folder / "server.json", port=-1)
-    server = NatsServer(config_file=str(config), store_dir=str(folder / "js")).start()
-    try:
-        fabric = AuthFabric(attrs.evolve(base, url=server.url), file, path)
-        asyncio.run(auth.provision_tenants(fabric.operator, file))
-        yield fabric
-    finally:
-        server.stop()
-
-
-@pytest_asyncio.fixture
-async def connections(
-    auth_fabric: AuthFabric,
-) -> AsyncIterator[Callable[[BrokerSettings], Awaitable[Connection]]]:
-    """Open connections as any user; all closed after the test."""
-    opened: list[Connection] = []
-
-    async def open_as(settings: BrokerSettings) -> Connection:
-        conn = await connect(settings, name="test-auth")
-        opened.append(conn)
-        return conn
-
-    yield open_as
-    for conn in opened:
-        await conn.close()
-
-
-async def refused(call: Awaitable[Any]) -> float:
-    """Await `call`, expecting PermissionDenied; return how long the refusal took."""
-    t0 = time.monotonic()
-    with pytest.raises(PermissionDenied):
-        await call
-    return time.monotonic() - t0
 
 
 async def test_unauthenticated_and_wrong_password_clients_are_refused(
@@ -182,7 +85,7 @@ async def test_tenant_b_cannot_publish_to_a_work(auth_fabric: AuthFabric, connec
     # When bob publishes a chunk to it
     # Then the server refuses it, promptly, and nothing lands in alice's stream
     assert await refused(b.js.publish(s.work("alice", "job1"), b"x")) < PROMPT_S
-    op = await connections(auth_fabric.operator)
+    op = await connections(auth_fabric.operator_of("alice"))
     info = await op.js.stream_info(s.work_stream("alice"))
     assert info.state.messages == 0
 
@@ -265,51 +168,6 @@ async def test_worker_user_cannot_read_results(auth_fabric: AuthFabric, connecti
     assert await refused(w.nc.subscribe(subject)) < PROMPT_S
 
 
-@pytest_asyncio.fixture
-async def agents(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
-    """Start in-process agents as the workers' user, with the tenants file's policy."""
-    started: list[Agent] = []
-
-    async def start(node: str, simulate: str = "2x2GiB", **kw: Any) -> Agent:
-        settings = WorkerSettings(
-            node=node,
-            simulate=simulate,
-            slice_bytes=2**30,
-            heartbeat_s=0.2,
-            drain_grace_s=1.0,
-            kernel_modules=("tests.kernels_for_tests",),
-            tenants_file=str(tenants.write_policy(auth_fabric.file.policy, auth_fabric.policy)),
-            **kw,
-        )
-        agent = Agent(auth_fabric.worker, settings, await connect(auth_fabric.worker, name=node))
-        await agent.start()
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        await agent.stop(grace_s=0.5)
-        await agent.conn.close()
-
-
-@pytest_asyncio.fixture
-async def fabrics(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitable[Fabric]]]:
-    """Connect fabrics as a tenant (short TTLs); closed after the test."""
-    opened: list[Fabric] = []
-
-    async def open_as(tenant: str, **kw: Any) -> Fabric:
-        settings = CoordinatorSettings(
-            tenant=tenant, slice_bytes=2**30, lease_ttl_s=3.0, ack_wait_s=2.0, **kw
-        )
-        fabric = await Fabric.connect(auth_fabric.tenant(tenant), settings)
-        opened.append(fabric)
-        return fabric
-
-    yield open_as
-    for fabric in opened:
-        await fabric.close()
-
-
 def sleepy_job(n: int, sleep_s: float, log_dir: Path | None = None) -> Job:
     """A job of `n` sleepy chunks (values 0..n-1), logging executions to `log_dir`."""
     args: dict[str, Any] = {"sleep_s": sleep_s}
@@ -366,7 +224,7 @@ async def test_grants_stop_at_the_quota(agents: Any, fabrics: Any) -> None:
 async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
     agents: Any, fabrics: Any, tmp_path: Path
 ) -> None:
-    # Given two nodes of 4 slices each, and alice's long job holding all 8
+    # Given two nodes of 4 slices each, and bob's long job holding all 8 (bob has no quota)
     for node in ("f1", "f2"):
         await agents(node, waiting_ttl_s=2.0)
     alice = await fabrics("alice")
@@ -374,26 +232,26 @@ async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
     await eventually(lambda: len(alice.fleet.adverts) == 2 and len(bob.fleet.adverts) == 2)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a_job = sleepy_job(60, 0.3, tmp_path / "a")
-    a_run = asyncio.create_task(alice.run(a_job, Gather(), slices=8, timeout_s=60))
-    await eventually(lambda: held_slices(alice, "alice") == 8, timeout_s=15)
-    # When bob (equal weight) arrives with a job of his own
-    b_job = sleepy_job(30, 0.3, tmp_path / "b")
+    b_job = sleepy_job(60, 0.3, tmp_path / "b")
     b_run = asyncio.create_task(bob.run(b_job, Gather(), slices=8, timeout_s=60))
+    await eventually(lambda: held_slices(bob, "bob") == 8, timeout_s=15)
+    # When alice (equal weight, a quota of 6 slices) arrives with a job of her own
+    a_job = sleepy_job(30, 0.3, tmp_path / "a")
+    a_run = asyncio.create_task(alice.run(a_job, Gather(), slices=8, timeout_s=60))
     # Then within two lease TTLs each holds about half (within a slice per node)
     ttl_s = alice.settings.lease_ttl_s
 
     def halved() -> bool:
-        a, b = held_slices(bob, "alice"), held_slices(bob, "bob")
-        return b >= 3 and abs(a - b) <= 2
+        a, b = held_slices(alice, "alice"), held_slices(alice, "bob")
+        return a >= 3 and abs(a - b) <= 2
 
     await eventually(halved, timeout_s=2 * ttl_s)
     # And both jobs complete, every chunk run exactly once (nothing lost, nothing doubled)
     a_result, b_result = await a_run, await b_run
-    assert a_result.ok and [x.tolist() for x in a_result.value] == [[float(i)] for i in range(60)]
-    assert b_result.ok and b_result.n_ok == 30
-    assert executions(str(tmp_path / "a")) == {i: 1 for i in range(60)}
-    assert executions(str(tmp_path / "b")) == {i: 1 for i in range(30)}
+    assert b_result.ok and [x.tolist() for x in b_result.value] == [[float(i)] for i in range(60)]
+    assert a_result.ok and a_result.n_ok == 30
+    assert executions(str(tmp_path / "b")) == {i: 1 for i in range(60)}
+    assert executions(str(tmp_path / "a")) == {i: 1 for i in range(30)}
 
 
 async def test_tenant_b_cannot_roll_up_the_shared_jobs_bucket(
@@ -412,7 +270,7 @@ async def test_tenant_b_cannot_roll_up_the_shared_jobs_bucket(
     # Then the server refuses it (the bucket's stream takes no rollups)
     assert "rollup" in str(refusal.value).lower()
     # And alice's keys survive, as the operator sees them
-    op = await connections(auth_fabric.operator)
+    op = await connections(auth_fabric.operator_of("alice"))
     kv = await op.js.key_value(s.jobs_bucket())
     assert (await kv.get(s.job_key("alice", job))).value == b"alice's spec"
     assert (await kv.get(s.job_state_key("alice", job))).value == b"record"
@@ -470,19 +328,21 @@ async def test_worker_user_stores_large_outputs_but_cannot_read_them(
     s = auth_fabric.base.subjects
     store = s.outputs_store("alice")
     stream = s.object_stream(store)
-    op = await connections(auth_fabric.operator)
+    op = await connections(auth_fabric.operator_of("alice"))
     first = await op.js.get_msg(stream, 1)
     assert first.subject.startswith(f"$O.{store}.C.")
     w = await connections(auth_fabric.worker)
-    assert await refused(w.js.get_msg(stream, 1)) < PROMPT_S
-    assert await refused(w.js.get_msg(stream, 1, direct=True)) < PROMPT_S
-    assert await refused(w.js.get_msg(stream, subject=first.subject)) < PROMPT_S
-    assert await refused(w.js.get_msg(stream, subject=first.subject, direct=True)) < PROMPT_S
-    with pytest.raises(PermissionDenied):
-        await w.js.subscribe(first.subject, stream=stream, ordered_consumer=True)
+    # (in its own account, and through what alice's account exports to the workers)
+    for js in (w.js, w.tenant_js("alice")):
+        assert await refused(js.get_msg(stream, 1)) < PROMPT_S
+        assert await refused(js.get_msg(stream, 1, direct=True)) < PROMPT_S
+        assert await refused(js.get_msg(stream, subject=first.subject)) < PROMPT_S
+        assert await refused(js.get_msg(stream, subject=first.subject, direct=True)) < PROMPT_S
+        with pytest.raises(PermissionDenied):
+            await js.subscribe(first.subject, stream=stream, ordered_consumer=True)
 
     # And a worker overwriting an object (a chunk run again) replaces its chunks
-    put_only = PutOnlyStore(name=store, stream=stream, js=w.js)
+    put_only = PutOnlyStore(name=store, stream=stream, js=w.tenant_js("alice"))
     await put_only.put("again.0", b"first" * 100)
     await put_only.put("again.0", b"second" * 100)
     got = await (await op.js.object_store(store)).get("again.0")
@@ -551,7 +411,7 @@ async def test_a_tenant_logs_in_with_an_nkey(auth_fabric: AuthFabric, tmp_path: 
 async def results_left(auth_fabric: AuthFabric, connections: Any, tenant: str, job: str) -> int:
     """Results of `job` in the tenant's results stream, through the operator's JetStream API."""
     s = auth_fabric.base.subjects
-    op = await connections(auth_fabric.operator)
+    op = await connections(auth_fabric.operator_of(tenant))
     info = await op.js.stream_info(
         s.results_stream(tenant), subjects_filter=s.result_filter(tenant, job)
     )
