@@ -154,6 +154,10 @@ class Subjects:
         """KV bucket of long chunks' checkpoints under `<tenant>.<job>.<chunk>`."""
         return f"{self.prefix}_checkpoints"
 
+    def quota_bucket(self) -> str:
+        """KV bucket of each tenant's quota reservations per node, key `<tenant>`."""
+        return f"{self.prefix}_quota"
+
     @staticmethod
     def checkpoint_key(tenant: str, job: str, index: int) -> str:
         """Key of one chunk's last checkpoint in the checkpoints bucket."""

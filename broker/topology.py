@@ -313,3 +313,9 @@ async def _object_store(js: JetStreamContext, settings: BrokerSettings, name: st
         ),
         what=f"create object store {name}",
     )
+
+
+async def quota_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValue:
+    """The quota bucket (`<tenant>` keys): nodes reserve a tenant's quota in it by CAS."""
+    name = settings.subjects.quota_bucket()
+    return await _bucket(js, settings, _plain_bucket(settings, name))

@@ -36,6 +36,7 @@ from .lease_service import LeaseService
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .puller import JobPuller
+from .quota import open_book
 from .settings import WorkerSettings
 from .slots import ExecutorPool
 from .store import ChunkStore
@@ -146,6 +147,7 @@ class Agent:
             publish=self.conn.nc.publish,
             fair=self.fair,
             on_waiting=self._heartbeat.poke,
+            quota=await open_book(js, self.broker, self.ledger, policy),
         )
         # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
         self._adverts_sub = await self.conn.nc.subscribe(

@@ -1,4 +1,4 @@
-"""FleetShare: a node's view of fleet-wide usage per tenant, for quotas and the fair share.
+"""FleetShare: a node's view of fleet-wide usage per tenant, for the fair share.
 
 Usage is this node's ledger plus the latest advert of every other node (they arrive on the
 advert subject every heartbeat and right after each grant or release). A tenant is
@@ -9,6 +9,7 @@ Under contention (another tenant waits and holds less than its weighted share), 
 gets no grant past its own share, and the nodes revoke, at renewal, the part of its
 excess they hold: each node its proportion, so together about the excess. Revoked leases
 stop at once, but a chunk running on one finishes (the slot keeps its VRAM until then).
+Quotas are not judged here: adverts lag grants, so worker/quota.py reserves them in KV.
 Pure: the clock is passed in.
 """
 
@@ -24,13 +25,12 @@ from vramfabric.broker.tenants import TenantPolicy
 
 from .ledger import SliceLedger
 
-QUOTA = "quota"
 SHARE = "share"
 
 
 @attrs.define
 class FleetShare:
-    """Quota and fair-share decisions of one node, from adverts and its own ledger."""
+    """Fair-share decisions of one node, from adverts and its own ledger."""
 
     ledger: SliceLedger
     policy: TenantPolicy
@@ -114,13 +114,8 @@ class FleetShare:
         return None
 
     def grant_cap(self, tenant: str, slice_bytes: int, count: int, now: float) -> tuple[int, str]:
-        """How many of `count` slices the tenant may have now, and what limits it (or "")."""
+        """How many of `count` slices the fair share allows now, and SHARE if it limits (or "")."""
         cap, reason = count, ""
-        quota = self.policy.quota_bytes(tenant)
-        if quota is not None:
-            room = max(0, (quota - self.usage(now)[tenant]) // slice_bytes)
-            if room < cap:
-                cap, reason = room, QUOTA
         contended = self._contended(tenant, now)
         if contended is not None:
             use, shares = contended

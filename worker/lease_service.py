@@ -2,6 +2,8 @@
 
 The tenant comes from the subject (the server's permissions guard it), never the payload.
 Every request gets a reply: the answer, or an ErrorReply saying what was wrong with it.
+A tenant with a quota is served under its QuotaBook lock: the reservation in KV comes first,
+the ledger change after it, so no node grants past the reservation it wrote.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import attrs
 from nats.aio.msg import Msg
 
 from vramfabric.broker.codec import decode, encode
-from vramfabric.broker.errors import InvalidMessage
+from vramfabric.broker.errors import InvalidMessage, LeaseDenied, VramfabricError
 from vramfabric.broker.messages import (
     ErrorReply,
     Event,
@@ -28,9 +30,10 @@ from vramfabric.broker.messages import (
 )
 from vramfabric.broker.subjects import Subjects
 
-from .fairness import QUOTA, FleetShare
+from .fairness import SHARE, FleetShare
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
+from .quota import QUOTA, QuotaBook
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ class LeaseService:
     fair: FleetShare
     # Called when a tenant starts waiting here: the fleet should hear it soon (an advert).
     on_waiting: Callable[[], None] = lambda: None
+    # Strict quotas; None only where no tenant has one (a tenant with one is then denied).
+    quota: QuotaBook | None = None
 
     async def handle(self, msg: Msg) -> None:
         """Answer one request; a bad one gets an ErrorReply and changes nothing."""
@@ -62,7 +67,7 @@ class LeaseService:
             tenant, node, op = self.subjects.parse_lease(msg.subject)
             if node != self.node:
                 raise InvalidMessage("lease subject", f"addressed to node {node!r}")
-            reply: LeaseGrant | RenewReply | ReleaseReply | ErrorReply = self._serve(
+            reply: LeaseGrant | RenewReply | ReleaseReply | ErrorReply = await self._serve(
                 tenant, op, msg.data
             )
             outcome = "denied" if isinstance(reply, LeaseGrant) and reply.denied else "ok"
@@ -71,6 +76,9 @@ class LeaseService:
             log.warning("bad lease request subject=%s error=%s", msg.subject, exc)
             kind = InvalidMessage.kind
             reply, outcome = ErrorReply(kind=kind, error=str(exc)), "invalid"
+        except VramfabricError as exc:  # the quota bucket could not be read or written
+            log.warning("lease request failed subject=%s error=%s", msg.subject, exc)
+            reply, outcome = ErrorReply(kind=exc.kind, error=str(exc)), "error"
         self.metrics.lease_requests_total.labels(tenant=tenant, op=op, outcome=outcome).inc()
         self.metrics.lease_request_seconds.labels(op=op).observe(time.perf_counter() - t0)
         if msg.reply:
@@ -79,33 +87,76 @@ class LeaseService:
         if event is not None:
             await self.publish(self.subjects.event(event.kind), encode(event))
 
-    def _serve(self, tenant: str, op: str, data: bytes) -> LeaseGrant | RenewReply | ReleaseReply:
-        # Expiry runs on the monotonic clock; the wall clock only dates `expires_at`.
+    async def _serve(
+        self, tenant: str, op: str, data: bytes
+    ) -> LeaseGrant | RenewReply | ReleaseReply:
+        # Expiry runs on the monotonic clock; the wall clock dates `expires_at` and quotas.
         now, wall = time.monotonic(), time.time()
         if op == "acquire":
-            return self._acquire(tenant, decode(LeaseRequest, data), now, wall)
+            req = decode(LeaseRequest, data)
+            if not self._strict(tenant):
+                return self._acquire(tenant, req, now, wall, self._fair_cap(tenant, req, now))
+            async with self._book.lock(tenant):
+                return await self._acquire_strict(tenant, req)
         if op == "renew":
-            renew = decode(RenewRequest, data)
-            revoke = self.fair.to_revoke(tenant, renew.lease_ids, now)
-            if revoke:
-                log.info("leases revoked for fair share tenant=%s count=%d", tenant, len(revoke))
-                self.metrics.leases_revoked_total.labels(tenant=tenant).inc(len(revoke))
-                self._release(revoke, tenant)
-            gone = set(revoke)
-            keep = [i for i in renew.lease_ids if i not in gone]
-            reply = self.ledger.renew(keep, tenant, renew.ttl_s, now, wall)
-            return attrs.evolve(reply, revoked=tuple(revoke))
-        return self._release(decode(ReleaseRequest, data).lease_ids, tenant)
+            return await self._renew(tenant, decode(RenewRequest, data), now, wall)
+        ids = decode(ReleaseRequest, data).lease_ids
+        if not self._strict(tenant):
+            return self._release(ids, tenant)
+        async with self._book.lock(tenant):
+            reply = self._release(ids, tenant)
+            if reply.released:
+                await self._book.settle(tenant, wall)
+        return reply
 
-    def _acquire(self, tenant: str, req: LeaseRequest, now: float, wall: float) -> LeaseGrant:
+    def _strict(self, tenant: str) -> bool:
+        return self.fair.policy.quota_bytes(tenant) is not None
+
+    @property
+    def _book(self) -> QuotaBook:
+        if self.quota is None:
+            raise LeaseDenied(self.node, "quota bucket not open on this node")
+        return self.quota
+
+    def _fair_cap(self, tenant: str, req: LeaseRequest, now: float) -> int:
+        """How many of the request's slices the fair share allows (a retry: all, its answer)."""
+        if self.ledger.knows(req.request_id):
+            return req.count
+        need = round_up(req.slice_bytes, self.ledger.granule_bytes)
+        cap, reason = self.fair.grant_cap(tenant, need, req.count, now)
+        if reason:
+            self._waits(tenant, now)
+        return cap
+
+    async def _acquire_strict(self, tenant: str, req: LeaseRequest) -> LeaseGrant:
+        """Reserve the quota in KV, then grant at most what was reserved."""
+        # Read after the lock: other requests may have run meanwhile.
+        now, wall = time.monotonic(), time.time()
+        cap = self._fair_cap(tenant, req, now)
+        if self.ledger.knows(req.request_id) or cap == 0:
+            return self._acquire(tenant, req, now, wall, cap)
+        need = round_up(req.slice_bytes, self.ledger.granule_bytes)
+        # Never reserve more than fits here: the rest of the quota stays for other nodes.
+        free = self.ledger.advert(wall).free_slices(need)
+        if free == 0:
+            return self._acquire(tenant, req, now, wall, cap)  # the ledger says why
+        try:
+            cap = await self._book.reserve(tenant, need, min(cap, free), req.ttl_s, wall)
+        except LeaseDenied as exc:
+            return self._deny(tenant, exc.reason)
+        if cap == 0:
+            return self._deny(tenant, QUOTA)
+        grant = self._acquire(tenant, req, time.monotonic(), wall, cap)
+        if len(grant.leases) < cap:
+            await self._book.settle(tenant, wall)  # reserved more than the ledger gave
+        return grant
+
+    def _acquire(
+        self, tenant: str, req: LeaseRequest, now: float, wall: float, cap: int
+    ) -> LeaseGrant:
         if not self.ledger.knows(req.request_id):  # a retry gets its first answer again
-            need = round_up(req.slice_bytes, self.ledger.granule_bytes)
-            cap, reason = self.fair.grant_cap(tenant, need, req.count, now)
-            if reason and reason != QUOTA:
-                self._waits(tenant, now)
             if cap == 0:
-                self.metrics.lease_denials_total.labels(tenant=tenant, reason=reason).inc()
-                return LeaseGrant(node=self.node, leases=(), denied=reason)
+                return self._deny(tenant, SHARE)
             req = attrs.evolve(req, count=cap)
         grant = self.ledger.grant(req, tenant, now, wall)
         log.debug("lease request job=%s count=%d granted=%d", req.job, req.count, len(grant.leases))
@@ -115,6 +166,40 @@ class LeaseService:
         if grant.leases:
             self.on_change(tenant, req.job)
         return grant
+
+    def _deny(self, tenant: str, reason: str) -> LeaseGrant:
+        self.metrics.lease_denials_total.labels(tenant=tenant, reason=reason).inc()
+        return LeaseGrant(node=self.node, leases=(), denied=reason)
+
+    async def _renew(self, tenant: str, renew: RenewRequest, now: float, wall: float) -> RenewReply:
+        revoke = self.fair.to_revoke(tenant, renew.lease_ids, now)
+        if revoke:
+            log.info("leases revoked for fair share tenant=%s count=%d", tenant, len(revoke))
+            self.metrics.leases_revoked_total.labels(tenant=tenant).inc(len(revoke))
+            self._release(revoke, tenant)
+        gone = set(revoke)
+        keep = [i for i in renew.lease_ids if i not in gone]
+        if not self._strict(tenant):
+            reply = self.ledger.renew(keep, tenant, renew.ttl_s, now, wall)
+            return attrs.evolve(reply, revoked=tuple(revoke))
+        async with self._book.lock(tenant):
+            # The reservation is extended first: a lease never outlives the hold on its quota.
+            live = [
+                lease
+                for i in keep
+                if (lease := self.ledger.get(i)) is not None
+                and lease.tenant == tenant
+                and self.ledger.is_live(i, now)
+            ]
+            over = await self._book.renew(tenant, live, renew.ttl_s, wall)
+            if over:
+                log.warning("leases past the quota revoked tenant=%s count=%d", tenant, len(over))
+                self._release(over, tenant)
+                revoke += over
+            reply = self.ledger.renew(
+                [i for i in keep if i not in over], tenant, renew.ttl_s, time.monotonic(), wall
+            )
+        return attrs.evolve(reply, revoked=tuple(revoke))
 
     def _waits(self, tenant: str, now: float) -> None:
         if self.fair.note_waiting(tenant, now):

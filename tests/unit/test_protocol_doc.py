@@ -65,6 +65,7 @@ def code_names() -> set[str]:
         s.outputs_store("tenantid"),
         s.output_object("jobid", 424242),
         s.checkpoints_bucket(),
+        s.quota_bucket(),
         s.checkpoint_key("tenantid", "jobid", 424242),
         HEADER_MSG_ID,
         *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
