@@ -77,6 +77,8 @@ class NodeAdvert:
     jobs: Mapping[str, int] = attrs.field(factory=dict)
     # Tenants this node lately could not give all they asked for (see docs/protocol.md).
     waiting: tuple[str, ...] = ()
+    # How its executors are kept apart: "uid-per-tenant" or "shared-uid" (worker/containment.py).
+    containment: str = ""
     v: int = PROTOCOL_VERSION
 
     @property

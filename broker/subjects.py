@@ -18,6 +18,9 @@ HEADER_MSG_ID = "Nats-Msg-Id"
 
 LEASE_OPS = ("acquire", "renew", "release")
 
+# The JetStream API of a client's own account.
+JS_API = "$JS.API"
+
 
 def token(value: str, what: str = "token") -> str:
     """Return `value` if it is a safe subject token, else raise ValueError naming `what`."""
@@ -104,9 +107,10 @@ class Subjects:
         """Durable pull consumer shared by every lease of one job."""
         return f"{self.prefix}_job_{token(job, 'job')}"
 
-    def pull_next(self, stream: str, consumer: str) -> str:
-        """JetStream API subject for raw pull requests on a consumer."""
-        return f"$JS.API.CONSUMER.MSG.NEXT.{token(stream, 'stream')}.{token(consumer, 'consumer')}"
+    @staticmethod
+    def pull_next(stream: str, consumer: str, api: str = JS_API) -> str:
+        """JetStream API subject for raw pull requests on a consumer (`api`: an import's prefix)."""
+        return f"{api}.CONSUMER.MSG.NEXT.{token(stream, 'stream')}.{token(consumer, 'consumer')}"
 
     @staticmethod
     def stream_info_api(stream: str) -> str:
@@ -194,9 +198,40 @@ class Subjects:
         return f"$O.{token(bucket, 'bucket')}.M.{encoded}"
 
     @staticmethod
+    def object_chunks(bucket: str, nuid: str) -> str:
+        """The subject of one object's chunks (nats-py's naming: the object's nuid)."""
+        return f"$O.{token(bucket, 'bucket')}.C.{token(nuid, 'nuid')}"
+
+    @staticmethod
     def object_meta_subjects(bucket: str) -> str:
         """Wildcard over the meta subjects (one per object name) of an object store."""
         return f"$O.{token(bucket, 'bucket')}.M.>"
+
+    # --- accounts (auth on): what one account reaches of another through imports ---------
+    def fleet_api(self) -> str:
+        """JetStream API prefix under which a tenant's account reaches the adverts bucket.
+
+        The FABRIC account exports reads of the adverts bucket; each tenant's account imports
+        them under this prefix (its own `$JS.API` is its own JetStream).
+        """
+        return f"$VF.{self.prefix}.fleet.API"
+
+    def tenant_api(self, tenant: str) -> str:
+        """JetStream API prefix under which the workers reach one tenant's account.
+
+        The tenant's account exports the few calls workers make (pull, job spec, code and
+        output reads and puts); the FABRIC account imports them under this prefix.
+        """
+        return f"$VF.{self.prefix}.{token(tenant, 'tenant')}.API"
+
+    @staticmethod
+    def is_inbox(reply: str) -> bool:
+        """Whether a reply subject is an asker's inbox (its own, or `_R_.`: server-made).
+
+        A request that crossed from another account arrives with a reply the server made,
+        which leads back to the asker's account only.
+        """
+        return reply.startswith(("_INBOX.", "_INBOX_", "_R_."))
 
     @staticmethod
     def inbox_prefix(user: str) -> str:

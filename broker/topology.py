@@ -129,15 +129,19 @@ async def ensure_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: 
         )
 
 
-async def provision(js: JetStreamContext, settings: BrokerSettings, tenants: list[str]) -> None:
-    """Create every shared bucket and every tenant's streams and stores (the operator's job)."""
+async def provision_fabric(js: JetStreamContext, settings: BrokerSettings) -> None:
+    """Create the fleet's shared buckets: adverts, checkpoints, quotas (the operator's job)."""
     await nodes_bucket(js, settings)
-    await jobs_bucket(js, settings)
     await checkpoints_bucket(js, settings)
-    for tenant in tenants:
-        await ensure_tenant(js, settings, tenant)
-        await kernels_store(js, settings, tenant)
-        await outputs_store(js, settings, tenant)
+    await quota_bucket(js, settings)
+
+
+async def provision_tenant(js: JetStreamContext, settings: BrokerSettings, tenant: str) -> None:
+    """Create one tenant's streams, jobs bucket and stores (in its account, with auth on)."""
+    await jobs_bucket(js, settings)
+    await ensure_tenant(js, settings, tenant)
+    await kernels_store(js, settings, tenant)
+    await outputs_store(js, settings, tenant)
 
 
 async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:

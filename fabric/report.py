@@ -108,6 +108,7 @@ def advert_dict(a: NodeAdvert) -> dict[str, Any]:
     return {
         "node": a.node,
         "sent_at": a.sent_at,
+        "containment": a.containment,
         "tenants": dict(a.tenants),
         "jobs": dict(a.jobs),
         "gpus": [
@@ -209,6 +210,7 @@ def print_status(s: dict[str, Any]) -> None:
         print(
             f"  {node['node']}: {len(node['gpus'])} GPU(s), {free / 2**30:.1f} GiB free, "
             f"{leased / 2**30:.1f} GiB leased"
+            + (f", executors {node['containment']}" if node["containment"] else "")
         )
     for key, n in sorted(s["leases_by_job"].items()):
         print(f"  leases of {key}: {n}")

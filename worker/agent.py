@@ -135,7 +135,11 @@ class Agent:
             self.metrics,
             self.settings.heartbeat_s,
             on_beat=self._on_beat,
-            facts={"python": python_version(), "allow_code": self.settings.allow_code},
+            facts={
+                "python": python_version(),
+                "allow_code": self.settings.allow_code,
+                "containment": self.executors.containment,
+            },
             live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
         )
         service = LeaseService(

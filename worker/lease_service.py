@@ -63,10 +63,20 @@ class LeaseService:
         """Answer one request; a bad one gets an ErrorReply and changes nothing."""
         op, tenant = "unknown", ""
         t0 = time.perf_counter()
+        if msg.reply and not self.subjects.is_inbox(msg.reply):
+            # Answering would publish, with this agent's rights, where the asker chose.
+            self.metrics.invalid("lease.reply")
+            log.warning("lease request refused: reply %r is not an inbox", msg.reply)
+            return
         try:
             tenant, node, op = self.subjects.parse_lease(msg.subject)
             if node != self.node:
                 raise InvalidMessage("lease subject", f"addressed to node {node!r}")
+            policy = self.fair.policy
+            if policy.tenants and tenant not in policy.tenants:
+                raise InvalidMessage(
+                    "lease subject", f"tenant {tenant!r} is not in the tenants file"
+                )
             reply: LeaseGrant | RenewReply | ReleaseReply | ErrorReply = await self._serve(
                 tenant, op, msg.data
             )

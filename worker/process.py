@@ -24,6 +24,7 @@ from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, Vr
 from vramfabric.broker.server import die_with_parent
 
 from . import ipc
+from .containment import Sandbox, executor_env
 from .gpus import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -77,14 +78,25 @@ class ExecutorProcess:
         kernel_modules: tuple[str, ...],
         on_exit: Callable[[ExecutorProcess], None],
         slots: int = 1,
+        sandbox: Sandbox | None = None,
     ) -> ExecutorProcess:
-        """Start the process for `gpu`, to run up to `slots` chunks at once (not waiting)."""
+        """Start the process for `gpu`, to run up to `slots` chunks at once (not waiting).
+
+        With a `sandbox` the process runs as its uid and gid, with no supplementary groups,
+        in its private directory.
+        """
         args: list[str] = ["--slots", str(slots)]
         for module in kernel_modules:
             args += ["--kernel-module", module]
         # Users' code runs there: it gets none of the worker's settings, NATS credentials
         # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMFABRIC_")}
+        env = executor_env(os.environ, sandbox)
+        user: dict[str, Any] = {}
+        # -s: no user site-packages from HOME; -P: not the tenant's own cwd first on the path.
+        flags = ["-s", "-P"] if sandbox else []
+        if sandbox is not None:
+            user = {"user": sandbox.uid, "group": sandbox.gid, "extra_groups": []}
+            user["cwd"] = sandbox.home
         if gpu.simulated:
             args.append("--simulated")
         else:
@@ -95,13 +107,16 @@ class ExecutorProcess:
             args += ["--cpus", ",".join(map(str, gpu.cpus))]
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
+            *flags,
             "-m",
             "vramfabric.worker.executor",
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
+            # Runs after the uid switch, which would clear the parent-death signal.
             preexec_fn=die_with_parent,
+            **user,
         )
         exe = cls(key, proc, on_exit)
         exe.reader = asyncio.get_running_loop().create_task(exe._read())

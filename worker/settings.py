@@ -12,6 +12,8 @@ import attrs
 from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
+from .containment import UidRange
+
 ISOLATIONS = ("thread", "process")
 
 
@@ -30,6 +32,8 @@ class WorkerSettings:
     `process` (one executor process per lease). `allow_code` lets tenants' Python callables
     run on this node. `chunk_timeout_s` is the deadline of a chunk whose job sets none.
     Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
+    `executor_uids` are the uids tenants' executors run as, one per tenant (worker/containment.py);
+    None: root uses the default range, any other user runs them as itself.
     """
 
     node: str = attrs.field(factory=default_node_name, validator=lambda _i, _a, v: token(v, "node"))
@@ -56,6 +60,7 @@ class WorkerSettings:
     metrics_port: int | None = None
     # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
+    executor_uids: UidRange | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -75,6 +80,8 @@ class WorkerSettings:
             kwargs["allow_code"] = _flag(environ, "VRAMFABRIC_ALLOW_CODE")
         if environ.get("VRAMFABRIC_TENANTS"):
             kwargs["tenants_file"] = environ["VRAMFABRIC_TENANTS"]
+        if environ.get("VRAMFABRIC_EXECUTOR_UIDS"):
+            kwargs["executor_uids"] = _uids(environ, "VRAMFABRIC_EXECUTOR_UIDS")
         if environ.get("VRAMFABRIC_METRICS_PORT"):
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
@@ -95,3 +102,11 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
     if raw in ("0", "false", "no"):
         return False
     raise ValueError(f"{name}={environ[name]!r} is not a yes/no value (1/0, true/false)")
+
+
+def _uids(environ: Mapping[str, str], name: str) -> UidRange:
+    """Read a uid range such as `20000-20999`, naming the variable in the error."""
+    try:
+        return UidRange.parse(environ[name])
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None

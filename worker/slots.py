@@ -6,6 +6,9 @@ killed (the chunk fails as `timeout`, the process's other chunks as `crashed`, b
 transient); a process that dies on its own fails only its own running chunks. The next chunk
 for that key starts a fresh process. Nothing here runs users' code: it only moves bytes.
 
+With containment (worker/containment.py) each process runs as its tenant's uid, so there
+are no spares: a spare started before its tenant is known could run as nobody's uid.
+
 A shared process cannot tell which of its chunks crashed it, so callers run the chunks that
 were in a crashed or killed process `alone` from then on, in a process of their own: a chunk
 that crashes or hangs its process takes its neighbours down at most once.
@@ -24,6 +27,7 @@ import attrs
 from vramfabric.broker.errors import ChunkTimeout, ExecutorCrashed
 from vramfabric.broker.messages import Lease
 
+from .containment import Containment
 from .gpus import GpuSpec
 from .process import ExecKey, ExecutorProcess, Running, SaveCheckpoint
 from .settings import WorkerSettings
@@ -56,6 +60,15 @@ class ExecutorPool:
     # after a quiet spell.
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
     _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
+    _containment: Containment = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._containment = Containment.start(self.settings.executor_uids, self.settings.allow_code)
+
+    @property
+    def containment(self) -> str:
+        """How executors are kept apart: `uid-per-tenant` or `shared-uid` (for adverts)."""
+        return self._containment.mode
 
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
@@ -172,7 +185,8 @@ class ExecutorPool:
         processes between two jobs of a burst would slow the second one down.
         """
         quiet = time.monotonic() - self._last_busy > SPARE_AFTER_IDLE_S
-        if self._closed or not quiet or any(exe.tasks for exe in self._procs.values()):
+        busy = any(exe.tasks for exe in self._procs.values())
+        if self._closed or not quiet or busy or self._containment.uids is not None:
             return
         for gpu in self.gpus:
             key = _spare_key(gpu.index)
@@ -217,9 +231,12 @@ class ExecutorPool:
         # A per-lease process runs one chunk at a time; a shared one, one per slice of its GPU.
         slots = 1 if key[2] and key[1:] != _SPARE else gpu.total_bytes // self.settings.slice_bytes
         try:
+            sandbox = self._containment.sandbox(key[1]) if key[1] else None
             exe = await ExecutorProcess.spawn(
-                key, gpu, self.settings.kernel_modules, self._exited, slots=max(1, slots)
+                key, gpu, self.settings.kernel_modules, self._exited, max(1, slots), sandbox
             )
+        except LookupError as exc:  # no uid left for this tenant: another node may have one
+            raise ExecutorCrashed(str(exc)) from exc
         except OSError as exc:  # out of processes, files or memory: the node's fault
             raise ExecutorCrashed(f"executor process could not start: {exc}") from exc
         self._procs[key] = exe
@@ -263,6 +280,7 @@ class ExecutorPool:
             exe.kill("executor killed: the node is stopping")
         readers = [exe.reader for exe in self._procs.values() if exe.reader is not None]
         await asyncio.gather(*readers, return_exceptions=True)
+        self._containment.close()
 
 
 _SPARE = ("", "spare")

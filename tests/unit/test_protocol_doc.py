@@ -21,6 +21,7 @@ PLACEHOLDERS = {
     "bucketid": "<bucket>",
     "keyid": "<key>",
     "userid": "<user>",
+    "nuidid": "<nuid>",
 }
 
 
@@ -53,6 +54,9 @@ def code_names() -> set[str]:
         s.kv_subjects("bucketid"),
         s.object_stream("bucketid"),
         s.object_subjects("bucketid"),
+        s.object_chunks("bucketid", "nuidid"),
+        s.fleet_api(),
+        s.tenant_api("tenantid"),
         s.inbox_prefix("userid"),
         s.job_key("tenantid", "jobid"),
         s.job_state_key("tenantid", "jobid"),
