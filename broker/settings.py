@@ -105,7 +105,7 @@ class BrokerSettings:
     @property
     def authenticated(self) -> bool:
         """Whether credentials are given: auth is on, one NATS account per tenant."""
-        return bool(self.user or self.password or self.creds_file or self.nkey_seed_file)
+        return bool(self.user or self.creds_file or self.nkey_seed_file)
 
     @property
     def in_tenant_account(self) -> bool:

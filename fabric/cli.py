@@ -120,7 +120,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         config_dir = policy.parent
         hint = (
             f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
-            "VRAMFABRIC_NATS_PASSWORD=<its password>; workers (no passwords but their own): "
+            "VRAMFABRIC_TENANT=<tenant> VRAMFABRIC_NATS_PASSWORD=<its password>; "
+            "workers (no passwords but their own): "
             f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} VRAMFABRIC_TENANTS={policy}"
         )
     else:

@@ -17,14 +17,14 @@ import attrs
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KeyValue
 
 from vramfabric.broker import tenants, topology
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats
+from vramfabric.broker.errors import InvalidMessage, PermissionDenied, VramfabricError, from_nats
 from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
+from vramfabric.broker.objects import read_object
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
 
@@ -70,7 +70,6 @@ class Agent:
     _runner: ChunkRunner = attrs.field(init=False)
     _acks: AckedPublisher = attrs.field(init=False)
     _heartbeat: Heartbeat = attrs.field(init=False)
-    _jobs_kv: KeyValue = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _adverts_sub: Subscription | None = attrs.field(default=None, init=False)
     fair: FleetShare = attrs.field(init=False)
@@ -115,14 +114,13 @@ class Agent:
             self.ledger, policy, self.broker.node_ttl_s, self.settings.waiting_ttl_s
         )
         js = self.conn.js
-        self._jobs_kv = await topology.jobs_bucket(js, self.broker)
         nodes_kv = await topology.nodes_bucket(js, self.broker)
         self._runner = ChunkRunner(
             self.settings,
             self.ledger,
             self.executors,
-            WorkLoader(lambda tenant: topology.kernels_store(js, self.broker, tenant)),
-            ChunkStore(js, self.broker),
+            WorkLoader(self._read_blob),
+            ChunkStore(self.conn, self.broker),
             simulated=gpus[0].simulated,
             policy=policy,
         )
@@ -242,14 +240,26 @@ class Agent:
         if self.ledger.leases_of(*key) and not self._stopping:
             self._on_change(*key)
 
+    async def _read_blob(self, tenant: str, digest: str) -> bytes | None:
+        """A tenant's uploaded code by digest, from its kernels store (in its account)."""
+        bucket = self.broker.subjects.kernels_store(tenant)
+        return await read_object(self.conn.tenant_js(tenant), bucket, digest)
+
     async def _load_spec(self, key: JobKey) -> JobSpec | None:
-        """The job's spec from KV, retried while this node still holds leases for the job."""
-        kv_key = self.broker.subjects.job_key(*key)
+        """The job's spec from KV, retried while this node still holds leases for the job.
+
+        Read by a direct get in the tenant's own jobs bucket: with auth on, through the one
+        call of it the tenant's account exports to the workers.
+        """
+        s = self.broker.subjects
+        kv_key = s.job_key(*key)
+        subject = s.kv_subject(s.jobs_bucket(), kv_key)
+        js = self.conn.tenant_js(key[0])
         while self.ledger.leases_of(*key) and not self._stopping:
             try:
-                entry = await self._jobs_kv.get(kv_key)
-                if entry.value:
-                    spec = decode(JobSpec, entry.value)
+                entry = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
+                if entry.data:
+                    spec = decode(JobSpec, entry.data)
                     # The key's tenant is the one the lease subject named: a spec claiming
                     # another tenant (or job) would pull and answer that tenant's work.
                     if (spec.tenant, spec.job_id) != key:
@@ -260,6 +270,9 @@ class Agent:
             except InvalidMessage as exc:
                 log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
                 self.metrics.invalid("job_spec")
+            except PermissionDenied as exc:  # no account exports it to the workers
+                log.error("job spec refused tenant=%s job=%s error=%s", key[0], key[1], exc)
+                return None
             except nats.errors.Error as exc:  # not written yet, or the server is away
                 log.warning(
                     "job spec not available tenant=%s job=%s error=%s",

@@ -189,10 +189,9 @@ async def test_a_tenant_cannot_write_another_tenants_jobs_or_work(
     await direct_get_to(b.nc, s, "bob", b"chunk", s.work("alice", job))
     # Then nothing landed in alice's account
     stream = s.kv_stream(s.jobs_bucket())
-    info = await a_op.js.stream_info(
-        stream, subjects_filter=s.kv_job_filter(s.jobs_bucket(), "alice", job)
-    )
-    assert not info.state.subjects
+    for subjects in (spec_subject, s.kv_job_filter(s.jobs_bucket(), "alice", job)):
+        info = await a_op.js.stream_info(stream, subjects_filter=subjects)
+        assert not info.state.subjects
     info = await a_op.js.stream_info(s.work_stream("alice"), subjects_filter=s.work("alice", job))
     assert info.state.messages == 0
 
