@@ -197,6 +197,20 @@ def server_config(
     return json.dumps(config, indent=2)
 
 
+def _export(
+    kind: str, subject: str, accounts: list[str], *, streams: bool = False
+) -> dict[str, object]:
+    """An export of a `kind` ("service" or "stream") to `accounts` only.
+
+    A service whose requests are answered by several messages (pulls of work) says so, or
+    the server forgets the way back after the first one.
+    """
+    entry: dict[str, object] = {kind: subject, "accounts": accounts}
+    if streams:
+        entry["response_type"] = "stream"
+    return entry
+
+
 def _service(subject: str, account: str, to: str | None = None) -> dict[str, object]:
     """A service import of `subject` from `account`, under `to` here when given."""
     entry: dict[str, object] = {"service": {"account": account, "subject": subject}}
@@ -224,10 +238,11 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
     s = subjects
     names = [t.name for t in tenants.tenants]
     fleet = _fleet_reads(s)
-    fabric_exports: list[dict[str, object]] = [
-        {"stream": s.advert_filter(), "accounts": [tenant_account(n) for n in names]},
-        *({"service": sub, "accounts": [tenant_account(n) for n in names]} for sub in fleet),
-        *({"service": f"{s.prefix}.lease.{n}.>", "accounts": [tenant_account(n)]} for n in names),
+    every = [tenant_account(n) for n in names]
+    fabric_exports = [
+        _export("stream", s.advert_filter(), every),
+        *(_export("service", sub, every) for sub in fleet),
+        *(_export("service", f"{s.prefix}.lease.{n}.>", [tenant_account(n)]) for n in names),
     ]
     fabric_imports: list[dict[str, object]] = []
     out: dict[str, object] = {}
@@ -245,8 +260,7 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
                 _user(operator_user(n), tenants.operator, None),
             ],
             "exports": [
-                {"service": sub, "accounts": [FABRIC_ACCOUNT]}
-                | ({"response_type": "stream"} if streams else {})
+                _export("service", sub, [FABRIC_ACCOUNT], streams=streams)
                 for sub, streams in exported
             ],
             "imports": [
