@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode, encode
-from vramfabric.broker.errors import LeaseDenied, TransientError
+from vramfabric.broker.errors import LeaseDenied, VramfabricError
 from vramfabric.broker.messages import Lease, QuotaReservations, Reservation
 from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings
@@ -131,7 +131,7 @@ class QuotaBook:
 
         try:
             await self._cas(tenant, plan, wall)
-        except TransientError as exc:
+        except VramfabricError as exc:  # the release stands; the reservation lapses alone
             log.warning("quota reservation not lowered tenant=%s error=%s", tenant, exc)
 
     def _quota(self, tenant: str) -> int:

@@ -31,7 +31,10 @@ QUOTA_SLICES = 6
 def policy_file(tmp_path: Path) -> str:
     """A workers' policy: alice may hold 6 GiB fleet-wide, bob is unlimited."""
     policy = tenants.TenantPolicy(
-        {"alice": tenants.TenantRules("alice", quota_bytes=QUOTA_SLICES * GIB)}
+        {
+            "alice": tenants.TenantRules("alice", quota_bytes=QUOTA_SLICES * GIB),
+            "bob": tenants.TenantRules("bob"),
+        }
     )
     return str(tenants.write_policy(policy, tmp_path / "policy.toml"))
 
