@@ -196,27 +196,49 @@ async def test_a_tenant_cannot_write_another_tenants_jobs_or_work(
     assert info.state.messages == 0
 
 
-async def test_the_workers_user_cannot_aim_answers_at_a_tenants_streams(
+async def test_the_workers_user_cannot_read_a_tenants_results_through_the_server(
     auth_fabric: AuthFabric, connections: Any
 ) -> None:
-    # Given alice's results
+    # Given alice's results, and the workers' user, which may write and direct-get checkpoints
     s = auth_fabric.base.subjects
     a = await connections(auth_fabric.tenant("alice"))
     a_op = await connections(auth_fabric.operator_of("alice"))
     job = uuid.uuid4().hex[:12]
     await a.js.publish(s.result("alice", job, 0), b"alice's result")
     before = await results_of(a_op, s, "alice")
-    # When the workers' user has its own account's JetStream answer (an advert's PubAck) on
-    # the subjects under which it reaches alice's account, aimed at her streams
     w = await connections(auth_fabric.worker)
-    api = s.tenant_api("alice")
-    for target in (
-        f"{api}.STREAM.DELETE.{s.results_stream('alice')}",
-        f"{api}.STREAM.PURGE.{s.results_stream('alice')}",
-        f"{api}.CONSUMER.CREATE.{s.results_stream('alice')}",
-    ):
-        await w.nc.publish(s.kv_subject(s.nodes_bucket(), "fake"), b"", reply=target)
-    await w.nc.flush()
-    await w.js.key_value(s.nodes_bucket())  # a round trip after the answers went out
-    # Then alice's results stream is there, unchanged
+    got: list[bytes] = []
+    inbox = f"{s.inbox_prefix('vf_workers')}.{uuid.uuid4().hex}"
+
+    async def on_msg(msg: Any) -> None:
+        got.append(msg.data)
+
+    await w.nc.subscribe(inbox, cb=on_msg)
+    checkpoints = s.checkpoints_bucket()
+
+    async def create_through_server(stream: str, target: str) -> None:
+        """Store a consumer-create request pushing `stream` to our inbox, aim a get at it."""
+        request = {
+            "stream_name": stream,
+            "config": {"deliver_subject": inbox, "ack_policy": "none"},
+        }
+        key = f"evil{uuid.uuid4().hex[:8]}"
+        await w.js.publish(s.kv_subject(checkpoints, key), json.dumps(request).encode())
+        get = f"$JS.API.DIRECT.GET.{s.kv_stream(checkpoints)}.{s.kv_subject(checkpoints, key)}"
+        await w.nc.publish(get, b"", reply=target)
+
+    # When it has the server ask for a consumer on alice's results stream that pushes them to
+    # its inbox, in its own account and through the names under which it reaches alice's
+    results = s.results_stream("alice")
+    for api in ("$JS.API", s.tenant_api("alice")):
+        await create_through_server(results, f"{api}.CONSUMER.CREATE.{results}")
+    # And (the control) the same for a stream of its own account
+    own = s.kv_stream(checkpoints)
+    await create_through_server(own, f"$JS.API.CONSUMER.CREATE.{own}")
+    # Then the control's consumer delivers checkpoints to the inbox (the trick ran)
+    await eventually(lambda: bool(got))
+    # And no consumer reads alice's results, none of them reached the inbox
+    info = await a_op.js.stream_info(results)
+    assert info.state.consumer_count == 0
+    assert b"alice's result" not in got
     assert await results_of(a_op, s, "alice") == before
