@@ -13,6 +13,9 @@ import re
 import attrs
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# A chunk index as `result()` writes it: ASCII digits, no sign, no leading zero, and short
+# enough to be an int64 (int() of a huge string raises, and `²` passes `str.isdigit`).
+_INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 
@@ -84,6 +87,41 @@ class Subjects:
         """Subject of one chunk's result (the results stream keeps one message per subject)."""
         return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
 
+    def parse_result(self, subject: str) -> tuple[str, str, int] | None:
+        """(tenant, job, chunk index) of a result subject; None if `subject` is not one.
+
+        Anyone who may publish a result may publish on any subject below the job's, so
+        callers drop what this rejects (a non-numeric, signed or oversized tail) rather
+        than fail on it.
+        """
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self.prefix or parts[1] != "result":
+            return None
+        tenant, job, index = parts[2:]
+        if not (_TOKEN.fullmatch(tenant) and _TOKEN.fullmatch(job) and _INDEX.fullmatch(index)):
+            return None
+        return tenant, job, int(index)
+
+    def job_of(self, subject: str) -> tuple[str, str] | None:
+        """(tenant, job) of a work or result subject, or of any subject below one's job.
+
+        Lenient past the job's token: a stray message on `<job>.x` still belongs to (and is
+        removed with) that job.
+        """
+        parts = subject.split(".", 4)
+        if len(parts) < 4 or parts[0] != self.prefix or parts[1] not in ("work", "result"):
+            return None
+        if not (_TOKEN.fullmatch(parts[2]) and _TOKEN.fullmatch(parts[3])):
+            return None
+        return parts[2], parts[3]
+
+    def result_index(self, subject: str, tenant: str, job: str, n_chunks: int) -> int | None:
+        """The chunk index of a result subject of this job's `n_chunks`; None for any other."""
+        parsed = self.parse_result(subject)
+        if parsed is None or parsed[:2] != (tenant, job) or parsed[2] >= n_chunks:
+            return None
+        return parsed[2]
+
     def result_filter(self, tenant: str, job: str | None = None) -> str:
         """Wildcard over one job's results, or all of a tenant's when `job` is None."""
         if job is None:
@@ -153,6 +191,14 @@ class Subjects:
     def output_object(job: str, index: int) -> str:
         """Name of one chunk's output in its tenant's outputs store."""
         return f"{token(job, 'job')}.{int(index)}"
+
+    @staticmethod
+    def parse_output_object(name: str) -> tuple[str, int] | None:
+        """(job, chunk index) of an outputs store object name; None if `name` is not one."""
+        job, _, index = name.rpartition(".")
+        if not (_TOKEN.fullmatch(job) and _INDEX.fullmatch(index)):
+            return None
+        return job, int(index)
 
     def checkpoints_bucket(self) -> str:
         """KV bucket of long chunks' checkpoints under `<tenant>.<job>.<chunk>`."""

@@ -200,7 +200,6 @@ async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpe
     """Indices of the job's chunks that already have a result in the results stream."""
     s = broker.subjects
     stream = s.results_stream(spec.tenant)
-    prefix = s.result_filter(spec.tenant, spec.job_id)[:-1]
     done: set[int] = set()
     offset = 0
     while True:
@@ -212,10 +211,14 @@ async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpe
             functools.partial(_stream_info, conn, broker, stream, body), what=f"info {stream}"
         )
         subjects = info.get("state", {}).get("subjects") or {}
-        done.update(int(subj[len(prefix) :]) for subj in subjects)
+        for subject in subjects:
+            # A stray subject (`<job>.x`, an index past the end) is no chunk's: skipped.
+            index = s.result_index(subject, spec.tenant, spec.job_id, spec.n_chunks)
+            if index is not None:
+                done.add(index)
         offset += len(subjects)
         if not subjects or offset >= int(info.get("total", 0)):
-            return {i for i in done if i < spec.n_chunks}
+            return done
 
 
 async def _stream_info(

@@ -28,6 +28,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, JobNotFound, PermissionDenied, nats_errors
 from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import Subjects
 
 from .record import delete_key, read_key, read_record, read_record_at, write_record
 
@@ -99,8 +100,10 @@ async def _job_ids(conn: Connection, broker: BrokerSettings, tenant: str) -> set
                 info = await conn.js.stream_info(stream, subjects_filter=subjects)
             except nats.js.errors.NotFoundError:
                 continue
-        head = len(subjects) - 1  # the subject up to the job's token
-        ids.update(subj[head:].split(".")[0] for subj in info.state.subjects or {})
+        for subject in info.state.subjects or {}:
+            owner = s.job_of(subject)
+            if owner is not None:
+                ids.add(owner[1])
     return ids
 
 
@@ -175,6 +178,8 @@ async def _scan(
                 msgs = await sub.fetch(batch, timeout=broker.request_timeout_s)
                 remaining -= len(msgs)
                 for msg in msgs:
+                    if s.result_index(msg.subject, spec.tenant, spec.job_id, spec.n_chunks) is None:
+                        continue  # stray: no chunk's result (the results consumer drops it too)
                     try:
                         result = decode(ChunkResult, msg.data)
                     except InvalidMessage:
@@ -304,7 +309,8 @@ async def _delete_outputs(conn: Connection, broker: BrokerSettings, tenant: str,
         except nats.js.errors.NotFoundError:  # an empty store
             return
     for info in infos:
-        if info.name.rpartition(".")[0] == job and not info.deleted:
+        parsed = Subjects.parse_output_object(info.name)
+        if parsed is not None and parsed[0] == job and not info.deleted:
             with nats_errors():
                 await store.delete(info.name)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from vramfabric.broker.codec import decode
@@ -17,6 +18,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, nats_errors
 from vramfabric.broker.messages import ChunkResult, JobSpec
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ _BATCH = 1000
 async def failed_chunks(
     conn: Connection, broker: BrokerSettings, spec: JobSpec, n_stored: int
 ) -> list[int]:
-    """Indices of the job's chunks whose stored result is a failure (of `n_stored` results)."""
+    """Indices of the job's chunks whose stored result is a failure (none if `n_stored` is 0)."""
     if n_stored == 0:
         return []
     s = broker.subjects
@@ -41,24 +43,30 @@ async def failed_chunks(
             stream=s.results_stream(spec.tenant),
             config=config,
         )
-    failed: list[int] = []
-    seen = 0
+    failed: set[int] = set()
     try:
-        while seen < n_stored:
+        # Read to the end of what is stored, not `n_stored` messages: stray messages on the
+        # job's subjects are stored too, and are no chunk's.
+        with nats_errors():
+            remaining = (await sub.consumer_info()).num_pending or 0
+        while remaining > 0:
             with nats_errors():
-                msgs = await sub.fetch(_BATCH, timeout=broker.request_timeout_s)
-            seen += len(msgs)
-            failed += [i for m in msgs if (i := _failed_index(m.data, m.subject)) is not None]
+                # Never ask for more than remain: fetch(n) holds what arrived until n do.
+                msgs = await sub.fetch(min(remaining, _BATCH), timeout=broker.request_timeout_s)
+            remaining -= len(msgs)
+            failed.update(i for m in msgs if (i := _failed_index(s, spec, m)) is not None)
     finally:
         await sub.unsubscribe()
-    return sorted(i for i in set(failed) if i < spec.n_chunks)
+    return sorted(failed)
 
 
-def _failed_index(data: bytes, subject: str) -> int | None:
-    tail = subject.rpartition(".")[2]
-    index = int(tail) if tail.isdigit() else None
+def _failed_index(s: Subjects, spec: JobSpec, msg: Msg) -> int | None:
+    """The chunk index of a stored failed result of the job; None for an ok or stray one."""
+    index = s.result_index(msg.subject, spec.tenant, spec.job_id, spec.n_chunks)
+    if index is None:
+        return None
     try:
-        result = decode(ChunkResult, data)
+        result = decode(ChunkResult, msg.data)
     except InvalidMessage:
         return index  # recorded as failed (invalid_message) when aggregated
     return None if result.ok else index

@@ -82,14 +82,16 @@ class ResultsConsumer:
         await self._follower.start()
 
     async def _on_msg(self, msg: Msg) -> None:
-        index = _index_of(msg.subject)
+        spec = self.spec
+        # None also for an index past the job's end (a job id reused with fewer inputs).
+        index = self.broker.subjects.result_index(
+            msg.subject, spec.tenant, spec.job_id, spec.n_chunks
+        )
         try:
+            if index is None:
+                raise InvalidMessage("result subject", f"{msg.subject!r} names no chunk of the job")
             result = decode(ChunkResult, msg.data)
-            if (
-                result.job != self.spec.job_id
-                or result.index != index
-                or result.index >= self.spec.n_chunks  # a job id reused with fewer inputs
-            ):
+            if result.job != spec.job_id or result.index != index:
                 raise InvalidMessage(
                     "ChunkResult", f"chunk {result.job}:{result.index} on subject {msg.subject}"
                 )
@@ -97,8 +99,8 @@ class ResultsConsumer:
             self.invalid += 1
             self.metrics.invalid("result")
             log.warning("bad result subject=%s error=%s", msg.subject, exc)
-            if index is None or index >= self.spec.n_chunks:
-                return
+            if index is None:
+                return  # dropped: it holds no chunk's place, so the job runs on
             # The stream keeps only the first result of a chunk, so a bad one blocks the real
             # one: record the chunk as failed with the reason, rather than wait forever.
             result = ChunkResult(
@@ -181,9 +183,3 @@ class ResultsConsumer:
         """Stop following (the ordered consumer is ephemeral and goes with it)."""
         if self._follower is not None:
             await self._follower.stop()
-
-
-def _index_of(subject: str) -> int | None:
-    """The chunk index, the last token of a result subject."""
-    tail = subject.rpartition(".")[2]
-    return int(tail) if tail.isdigit() else None

@@ -201,3 +201,70 @@ def test_delivery_of_reads_what_nats_py_metadata_reads(reply: str) -> None:
 )
 def test_delivery_of_is_none_for_other_subjects(reply: str) -> None:
     assert Subjects.delivery_of(reply) is None
+
+
+@pytest.mark.parametrize("index", [0, 7, 424242, 10**17])
+def test_parse_result_inverts_result(index: int) -> None:
+    s = Subjects("t1")
+    assert s.parse_result(s.result("acme", "job-1", index)) == ("acme", "job-1", index)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "t1.result.acme.job-1.x",  # a non-numeric tail: the stray message of issue 13
+        "t1.result.acme.job-1.-1",  # signed
+        "t1.result.acme.job-1.+1",
+        "t1.result.acme.job-1.007",  # not how `result()` writes 7: it would shadow chunk 7
+        "t1.result.acme.job-1.1e3",
+        "t1.result.acme.job-1.²",  # passes str.isdigit, fails int()
+        "t1.result.acme.job-1.\u0661",  # an Arabic-Indic digit: int() reads it, we must not
+        "t1.result.acme.job-1." + "9" * 19,  # past int64
+        "t1.result.acme.job-1." + "9" * 5000,  # int() raises past 4300 digits
+        "t1.result.acme.job-1.",
+        "t1.result.acme.job-1",
+        "t1.result.acme.job-1.1.2",
+        "t1.result.acme..1",
+        "t1.result.ac me.job-1.1",
+        "t2.result.acme.job-1.1",  # another fabric's
+        "t1.work.acme.job-1",
+        "",
+    ],
+)
+def test_parse_result_rejects_what_result_never_builds(subject: str) -> None:
+    assert Subjects("t1").parse_result(subject) is None
+
+
+def test_result_index_is_the_chunk_of_this_job_only() -> None:
+    s = Subjects("t1")
+    subject = s.result("acme", "job-1", 3)
+    assert s.result_index(subject, "acme", "job-1", 4) == 3
+    assert s.result_index(subject, "acme", "job-1", 3) is None  # past the job's last chunk
+    assert s.result_index(subject, "acme", "job-2", 4) is None
+    assert s.result_index(subject, "other", "job-1", 4) is None
+    assert s.result_index("t1.result.acme.job-1.x", "acme", "job-1", 4) is None
+
+
+@pytest.mark.parametrize(
+    ("subject", "owner"),
+    [
+        ("t1.work.acme.job-1", ("acme", "job-1")),
+        ("t1.result.acme.job-1.3", ("acme", "job-1")),
+        ("t1.result.acme.job-1.x", ("acme", "job-1")),  # a stray still goes with its job
+        ("t1.result.acme.job-1.x.y", ("acme", "job-1")),
+        ("t1.result.acme", None),
+        ("t1.lease.acme.n1.renew", None),
+        ("t2.work.acme.job-1", None),
+        ("t1.work.acme.", None),
+    ],
+)
+def test_job_of_names_the_job_a_work_or_result_subject_belongs_to(
+    subject: str, owner: tuple[str, str] | None
+) -> None:
+    assert Subjects("t1").job_of(subject) == owner
+
+
+def test_parse_output_object_inverts_output_object() -> None:
+    assert Subjects.parse_output_object(Subjects.output_object("job-1", 12)) == ("job-1", 12)
+    for name in ("job-1.x", "job-1", "job-1.-1", "a.b.1", ".1"):
+        assert Subjects.parse_output_object(name) is None
