@@ -131,8 +131,19 @@ class NatsServer:
             f"nats-server did not become ready: {seen.decode(errors='replace')[-2000:]}"
         )
 
+    def restart(self, timeout_s: float = 10.0) -> None:
+        """Stop the server cleanly and start it again on the same port and store."""
+        self._end(timeout_s)
+        self.start()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove a temp store."""
+        self._end(timeout_s)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _end(self, timeout_s: float) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -141,9 +152,12 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+
+    def reload(self) -> None:
+        """Have the server read its config file again (SIGHUP: accounts and users change live)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise ServerError("nats-server is not running")
+        self._proc.send_signal(signal.SIGHUP)
 
     def kill(self) -> None:
         """Kill -9 the server, as a crash would (the store is kept)."""

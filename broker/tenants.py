@@ -200,7 +200,11 @@ def policy_text(policy: TenantPolicy) -> str:
 def write_policy(policy: TenantPolicy, path: str | Path) -> Path:
     """Write the policy file workers read (VRAMFABRIC_TENANTS); it holds no secret."""
     out = Path(path)
-    out.write_text(policy_text(policy))
+    # Written whole, then renamed over the old one: a worker reading it on a change never
+    # sees half a file.
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(policy_text(policy))
+    partial.replace(out)
     return out
 
 

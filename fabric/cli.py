@@ -7,18 +7,14 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import attrs
-
-from vramfabric.broker import auth, tenants
+from vramfabric.broker import tenants
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
@@ -42,6 +38,7 @@ from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
+from .authserver import AuthServer
 from .report import (
     err,
     jsonable,
@@ -102,39 +99,56 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    """Run an embedded nats-server in the foreground until interrupted."""
+    """Run an embedded nats-server in the foreground until interrupted.
+
+    With --tenants, a change to the tenants file (or SIGHUP) is applied while it runs.
+    """
     if args.cluster > 1 and args.tenants:
         # The cluster would start without the tenants' config: auth silently off.
         err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
         return RET_USAGE
-    # Block the stop signals first so sigwait receives them instead of their default action.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    server: NatsServer | LocalCluster
-    config_dir: Path | None = None  # the generated config holds every password
+    # Block the signals first so sigtimedwait receives them instead of their default action.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    server: NatsServer | LocalCluster | AuthServer
+    authed: AuthServer | None = None
     if args.cluster > 1:
         server = LocalCluster(size=args.cluster, base_dir=args.store).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
     elif args.tenants:
-        server, policy = _auth_server(args)
-        config_dir = policy.parent
+        server = authed = _auth_server(args)
         hint = (
-            f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_NATS_USER=<tenant> "
+            f"export VRAMFABRIC_NATS_URL={authed.server.url} VRAMFABRIC_NATS_USER=<tenant> "
             "VRAMFABRIC_TENANT=<tenant> VRAMFABRIC_NATS_PASSWORD=<its password>; "
             "workers (no passwords but their own): "
-            f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} VRAMFABRIC_TENANTS={policy}"
+            f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} "
+            f"VRAMFABRIC_TENANTS={authed.policy_file}"
         )
     else:
         server = NatsServer(port=args.port, store_dir=args.store).start()
         hint = f"export VRAMFABRIC_NATS_URL={server.url}"
     print(f"nats-server ready: {hint}", flush=True)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        while True:
+            # Woken each second to notice a rewritten tenants file.
+            got = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP}, 1.0)
+            if got is not None and got.si_signo != signal.SIGHUP:
+                break
+            if authed is not None and (got is not None or authed.changed()):
+                _reload(authed)
     finally:
         server.stop()
-        if config_dir is not None:
-            shutil.rmtree(config_dir, ignore_errors=True)
     return RET_OK
+
+
+def _reload(authed: AuthServer) -> None:
+    """Apply the tenants file again; a bad file is one error line, the old tenants stay."""
+    try:
+        count = authed.reload()
+    except (ValueError, VramfabricError) as exc:
+        err.print(f"vramfabric server: tenants not reloaded: {exc}", soft_wrap=True)
+        return
+    print(f"tenants reloaded: {count} tenant(s)", flush=True)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -179,32 +193,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     return RET_OK
 
 
-def _auth_server(args: argparse.Namespace) -> tuple[NatsServer, Path]:
-    """A server with the tenants file's config, provisioned; and the workers' policy file.
+def _auth_server(args: argparse.Namespace) -> AuthServer:
+    """A server with the tenants file's config, provisioned, and the workers' policy file.
 
-    The policy file (no credentials) is written beside the config. The operator's password
-    comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it holds it in plain text (a
-    bcrypt hash cannot log in).
+    The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
+    holds it in plain text (a bcrypt hash cannot log in).
     """
     file = tenants.load(args.tenants)
-    broker = BrokerSettings.from_env()
     password = os.environ.get("VRAMFABRIC_NATS_PASSWORD") or file.operator.password
     if not password or password.startswith("$2"):
         raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
-    folder = tempfile.mkdtemp(prefix="vramfabric-auth-")
-    config = auth.write_config(file, broker.subjects, Path(folder) / "server.json", port=args.port)
-    policy = tenants.write_policy(file.policy, Path(folder) / "policy.toml")
-    server = NatsServer(config_file=str(config), store_dir=args.store).start()
-    try:
-        operator = auth.settings_for(
-            attrs.evolve(broker, url=server.url), tenants.OPERATOR_USER, password
-        )
-        asyncio.run(auth.provision_tenants(operator, file))
-    except BaseException:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return server, policy
+    return AuthServer(
+        Path(args.tenants), BrokerSettings.from_env(), password, args.port, args.store
+    ).start()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
