@@ -35,6 +35,7 @@ from .gpus import GpuSpec, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
+from .policy import PolicyFile
 from .puller import JobPuller
 from .quota import open_book
 from .settings import WorkerSettings
@@ -70,6 +71,8 @@ class Agent:
     _runner: ChunkRunner = attrs.field(init=False)
     _acks: AckedPublisher = attrs.field(init=False)
     _heartbeat: Heartbeat = attrs.field(init=False)
+    _policy: PolicyFile = attrs.field(init=False)
+    _service: LeaseService = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _adverts_sub: Subscription | None = attrs.field(default=None, init=False)
     fair: FleetShare = attrs.field(init=False)
@@ -105,11 +108,8 @@ class Agent:
             self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
         )
         self.executors = ExecutorPool(self.settings, gpus)
-        policy = (
-            tenants.load_policy(self.settings.tenants_file)
-            if self.settings.tenants_file
-            else tenants.TenantPolicy()
-        )
+        self._policy = PolicyFile(self.settings.tenants_file)
+        policy = self._policy.load()
         self.fair = FleetShare(
             self.ledger, policy, self.broker.node_ttl_s, self.settings.waiting_ttl_s
         )
@@ -140,7 +140,7 @@ class Agent:
             },
             live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
         )
-        service = LeaseService(
+        self._service = service = LeaseService(
             subjects,
             self.settings.node,
             self.ledger,
@@ -204,10 +204,27 @@ class Agent:
             self._spawn(self._run_puller(key))
 
     def _on_beat(self, expired: list[Lease]) -> None:
+        policy = self._policy.reread()
+        if policy is not None:
+            self._follow(policy)
         for key in {(lease.tenant, lease.job) for lease in expired}:
             self._on_change(*key)
         self._reap_executors()
         self.executors.keep_spares()
+
+    def _follow(self, policy: tenants.TenantPolicy) -> None:
+        """Serve by a reloaded tenants' policy: who may lease, quotas, weights, code."""
+        self.fair.policy = policy
+        self._runner.policy = policy
+        book = self._service.quota
+        if book is not None:
+            book.policy = policy
+        elif any(rules.quota_bytes is not None for rules in policy.tenants.values()):
+            # Until it is open, a tenant with a quota is denied (never granted past it).
+            self._spawn(self._open_quota(policy))
+
+    async def _open_quota(self, policy: tenants.TenantPolicy) -> None:
+        self._service.quota = await open_book(self.conn.js, self.broker, self.ledger, policy)
 
     def _reap_executors(self) -> None:
         live = {self.executors.key_of(lease) for lease in self.ledger.holding()}
