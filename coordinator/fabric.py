@@ -7,7 +7,6 @@ async with await Fabric.connect() as fabric:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -16,23 +15,20 @@ import attrs
 from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import topology
-from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     CodeRefused,
     JobFailed,
     JobTimeout,
-    PermissionDenied,
     VramfabricError,
-    nats_errors,
 )
-from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.messages import ChunkResult
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
 from .fleet import FleetView
 from .jobrun import JobRun
-from .jobs import Job, finished_chunks
+from .jobs import Job, finished_chunks, publish_spec
 from .lifecycle import sweep
 from .metrics import CoordinatorMetrics
 from .rerun import failed_chunks, reopen
@@ -155,7 +151,7 @@ class Fabric:
         bind_dtype(aggregator, job.output_dtype)
         self._check_code(job)
         await upload(self._kernels, job.work)
-        await self._publish_spec(spec)
+        await publish_spec(self.conn, self.broker, spec)
         retried: list[int] = []
         if retry_failed:
             stored = await finished_chunks(self.conn, self.broker, spec)
@@ -173,24 +169,19 @@ class Fabric:
             progress,
         )
         done = await run.start()
-        todo = [i for i in range(spec.n_chunks) if i not in done]
         results, phases = run.results, run.phases
         outcome, value = "failed", None
         try:
             await run.record.start()
             run.timeline.start()
-            if todo:
-                t_submit = await run.execute(todo, retried, slices, min_slices)
-                run.timeline.sample()  # the peak: every lease acquired, none released yet
-            if not await run.record.wait(results.wait(timeout_s)):
+            if not await run.record.wait(
+                run.complete(done, retried, slices, min_slices, timeout_s)
+            ):
                 outcome = "timeout"
                 raise JobTimeout(
-                    f"job {spec.job_id}: {results.n_done}/{spec.n_chunks} chunks "
+                    f"job {spec.job_id}: {results.n_done}/{run.n_chunks or '?'} chunks "
                     f"done after {timeout_s}s"
                 )
-            if todo:
-                # From the first chunk submitted to the last result in (overlaps submit_s).
-                phases["execute_s"] = time.perf_counter() - t_submit
             outcome, value = "failed" if results.n_failed else "done", aggregator.value()
         except (asyncio.CancelledError, KeyboardInterrupt):
             # The coordinator is being stopped, not the job: like a crash, a rerun resumes it.
@@ -199,7 +190,7 @@ class Fabric:
             outcome = "stopped"
             raise
         finally:
-            series = await run.end(outcome, value, submitted=bool(todo))
+            series = await run.end(outcome, value)
             if outcome != "stopped":
                 await self._sweep()  # after every run that ended, well or not
         phases["aggregate_s"] = results.aggregate_s
@@ -207,7 +198,7 @@ class Fabric:
         self.metrics.job_seconds.labels(tenant=spec.tenant).observe(phases["total_s"])
         return JobResult(
             job_id=spec.job_id,
-            n_chunks=spec.n_chunks,
+            n_chunks=run.n_chunks or results.n_done,
             n_ok=results.n_ok,
             n_failed=results.n_failed,
             value=value,
@@ -247,13 +238,3 @@ class Fabric:
             return
         if removed:
             log.info("old jobs removed count=%d jobs=%s", len(removed), ",".join(removed))
-
-    async def _publish_spec(self, spec: JobSpec) -> None:
-        # A KV put is a publish to the key's subject: no KV API call, so a tenant needs no
-        # grant that could read or list other tenants' specs in the shared bucket.
-        with contextlib.suppress(PermissionDenied):
-            # With auth on, the operator made the bucket and a tenant may not even look at it.
-            await topology.jobs_bucket(self.conn.js, self.broker)
-        subject = self.broker.subjects.job_spec(spec.tenant, spec.job_id)
-        with nats_errors():
-            await self.conn.js.publish(subject, encode(spec))

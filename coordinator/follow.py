@@ -1,9 +1,12 @@
-"""Follower: an ordered consumer that survives a server restart or a lost server.
+"""Follower: an ordered consumer that survives a server restart, a lost server and a stall.
 
 nats-py's ordered consumer recovers from a lost consumer only through its heartbeat check,
 which dies if the reset itself fails while the server is still down. A Follower instead
-subscribes again, from the stream sequence after the last it saw, after every reconnect and
-whenever a periodic check finds its consumer gone (its server died while ours lived).
+subscribes again, from the stream sequence after the last it handled, after every reconnect,
+whenever its consumer is gone, when nats-py dropped messages (a callback that fell behind
+past the subscription's pending limits: nats-py then skips them silently), and when the
+consumer has messages for it but none arrive (a stalled consumer). A follower that stays
+stalled through several resubscribes fails with `FollowerStalled` rather than hang.
 """
 
 from __future__ import annotations
@@ -19,16 +22,29 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import PermanentError, TransientError, from_nats, nats_errors
+from vramfabric.broker.errors import (
+    PermanentError,
+    TransientError,
+    VramfabricError,
+    from_nats,
+    nats_errors,
+)
 from vramfabric.broker.retrying import CallRetry
-from vramfabric.broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 # Heartbeats let nats-py notice a silent consumer within two of them.
 _IDLE_HEARTBEAT_S = 1.0
-# How often the consumer's existence is checked.
-_CHECK_EVERY_S = 1.0
+# Messages (and bytes) nats-py may buffer for the callback; past them it drops messages, which
+# the follower notices by the gap in consumer sequences. Bounds the follower's memory.
+PENDING_MSGS_LIMIT = 65_536
+PENDING_BYTES_LIMIT = 64 * 2**20
+# Resubscribes in a row without a message handled before the follower gives up.
+MAX_STALLS = 3
+
+
+class FollowerStalled(VramfabricError):
+    """A follower's consumer had messages for it, yet none arrived through several resubscribes."""
 
 
 @attrs.define
@@ -41,7 +57,14 @@ class Follower:
     handler: Callable[[Msg], Awaitable[None]]
     # Its deadline is ignored: a follower resubscribes for as long as it runs.
     retry: CallRetry
+    # No message handled for this long while the consumer has some pending is a stall.
+    stall_s: float = 10.0
+    # Called once with FollowerStalled when the follower gives up.
+    on_fail: Callable[[FollowerStalled], None] | None = None
+    stalls: int = attrs.field(default=0, init=False)
+    handled: int = attrs.field(default=0, init=False)
     _next_seq: int = attrs.field(default=1, init=False)
+    _consumer_seq: int = attrs.field(default=0, init=False)
     _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
     _resubscribing: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _watchdog: asyncio.Task[None] | None = attrs.field(default=None, init=False)
@@ -54,16 +77,60 @@ class Follower:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
+        """Resubscribe when the consumer is gone or stalled; give up after MAX_STALLS."""
+        # Progress is judged by messages handled, not by a quick consumer_info: under load its
+        # reply queues behind thousands of deliveries, and a short timeout read as "consumer
+        # lost" made the follower throw its buffer away and start over again and again.
+        seen, quiet_s, period_s = self.handled, 0.0, min(1.0, self.stall_s / 2)
         while self._running:
-            await asyncio.sleep(_CHECK_EVERY_S)  # the check period itself
-            sub = self._sub
-            if sub is None or (self._resubscribing and not self._resubscribing.done()):
+            await asyncio.sleep(period_s)  # the check period itself
+            if self.handled != seen or self._sub is None:
+                seen, quiet_s, self.stalls = self.handled, 0.0, 0
                 continue
-            try:
-                await asyncio.wait_for(sub.consumer_info(), _CHECK_EVERY_S)
-            except Exception as exc:
-                log.info("follower consumer lost subject=%s error=%s", self.subject, from_nats(exc))
+            if self._resubscribing and not self._resubscribing.done():
+                continue
+            quiet_s += period_s
+            if quiet_s >= self.stall_s and await self._stalled():
+                quiet_s = 0.0
+                self.stalls += 1
+                if self.stalls > MAX_STALLS:
+                    self._fail()
+                    return
                 self._on_reconnect()
+
+    async def _stalled(self) -> bool:
+        """Whether the consumer is gone, or has messages pending that do not come."""
+        sub = self._sub
+        if sub is None:
+            return False
+        try:
+            info = await asyncio.wait_for(sub.consumer_info(), self.stall_s)
+        except Exception as exc:
+            log.info("follower consumer lost subject=%s error=%s", self.subject, from_nats(exc))
+            return True
+        # Messages on the server for us, or delivered but never handled (dropped, or a handler
+        # stuck on one): resubscribing from the first unhandled one starts them again.
+        waiting = bool(info.num_pending) or (info.delivered.stream_seq or 0) >= self._next_seq
+        if waiting:
+            log.warning(
+                "follower stalled subject=%s pending=%s handled=%d quiet_s=%.0f",
+                self.subject,
+                info.num_pending,
+                self.handled,
+                self.stall_s,
+            )
+            return True
+        return False
+
+    def _fail(self) -> None:
+        exc = FollowerStalled(
+            f"results of {self.subject} stopped arriving: {self.stalls - 1} resubscribes "
+            f"brought none in {self.stall_s:.0f} s each (handled {self.handled}, next stream "
+            f"sequence {self._next_seq})"
+        )
+        log.error("follower gave up subject=%s error=%s", self.subject, exc)
+        if self.on_fail is not None:
+            self.on_fail(exc)
 
     async def _subscribe(self) -> None:
         config = ConsumerConfig(
@@ -77,15 +144,32 @@ class Follower:
                 config=config,
                 idle_heartbeat=_IDLE_HEARTBEAT_S,
                 cb=self._on_msg,
+                pending_msgs_limit=PENDING_MSGS_LIMIT,
+                pending_bytes_limit=PENDING_BYTES_LIMIT,
             )
+        self._consumer_seq = 0
 
     async def _on_msg(self, msg: Msg) -> None:
-        delivery = Subjects.delivery_of(msg.reply)
-        seq = msg.metadata.sequence.stream if delivery is None else delivery[1]
+        stream_seq, consumer_seq = _sequences(msg)
+        if stream_seq < self._next_seq:
+            return  # handled already (a resubscribe replays from the first unhandled)
+        if consumer_seq not in (1, self._consumer_seq + 1):
+            # nats-py dropped messages in between (its pending limits) and moved on without
+            # resetting the consumer: start again from the first message not handled.
+            log.warning(
+                "follower lost messages subject=%s expected=%d got=%d",
+                self.subject,
+                self._consumer_seq + 1,
+                consumer_seq,
+            )
+            self._on_reconnect()
+            return
+        self._consumer_seq = consumer_seq
         await self.handler(msg)
         # Only once handled: a resubscribe that cancels a handler mid-way (nats-py cancels
         # the callback with the subscription) must deliver that message again.
-        self._next_seq = seq + 1
+        self._next_seq = stream_seq + 1
+        self.handled += 1
 
     def _on_reconnect(self) -> None:
         if self._resubscribing is None or self._resubscribing.done():
@@ -130,3 +214,16 @@ class Follower:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resubscribing
         await self._unsubscribe()
+
+
+def _sequences(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, consumer sequence) of a pushed message, from its ack subject."""
+    # `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>` (9 tokens), or
+    # 11 or 12 with a domain and an account hash before the stream (as Subjects.delivery_of).
+    # Parsed here rather than through `msg.metadata`, which builds dataclasses per message.
+    parts = msg.reply.split(".") if msg.reply else []
+    at = 5 if len(parts) == 9 else 7
+    if len(parts) in (9, 11, 12) and parts[at].isdigit() and parts[at + 1].isdigit():
+        return int(parts[at]), int(parts[at + 1])
+    meta = msg.metadata.sequence
+    return meta.stream, meta.consumer

@@ -1,8 +1,9 @@
 """JobRun: one run of one job, from following its results to releasing its leases.
 
 Fabric.run prepares a job (spec, uploaded work, reopened failures) and drives one JobRun:
-`start` follows the job's results and dead letters, `execute` leases slices and submits the
-chunks still to do, and `end` takes everything down again, whatever ended the run.
+`start` follows the job's results and dead letters, `complete` submits the chunks still to
+do through a bounded window while results are folded (leasing slices just before the first
+chunk goes out), and `end` takes everything down again, whatever ended the run.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from vramfabric.broker.settings import BrokerSettings
 from .aggregate import Aggregator
 from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
-from .jobs import Job, finished_chunks, submit_chunks
+from .jobs import Job, finished_chunks, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
 from .record import RunRecord
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
+from .submit import Submission, Window
 from .timeline import Point, Timeline
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class JobRun:
     aggregator: Aggregator
     progress: Progress | None = None
     results: ResultsConsumer = attrs.field(init=False)
+    window: Window = attrs.field(init=False)
     exhausted: ExhaustedWatcher = attrs.field(init=False)
     pool: LeasePool = attrs.field(init=False)
     record: RunRecord = attrs.field(init=False)
@@ -55,11 +58,23 @@ class JobRun:
     # Seconds per phase: acquire_s, submit_s, execute_s, release_s.
     phases: dict[str, float] = attrs.field(factory=dict, init=False)
     _grower: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
+    submitted: bool = attrs.field(default=False, init=False)
+    _t_submit: float = attrs.field(default=0.0, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Build the run's parts; nothing talks to the server until `start`."""
+        self.window = Window(self.settings.submit_window, self.settings.submit_window_bytes)
         self.results = ResultsConsumer(
-            self.conn, self.broker, self.spec, self.aggregator, self.progress, self.metrics
+            self.conn,
+            self.broker,
+            self.spec,
+            self.aggregator,
+            self.progress,
+            self.metrics,
+            total=None if self.job.streamed else self.spec.n_chunks,
+            on_result=self.window.finished,
+            stall_s=self.settings.follow_stall_s,
         )
         self.exhausted = ExhaustedWatcher(self.conn, self.broker, self.spec)
         self.pool = LeasePool(
@@ -86,36 +101,93 @@ class JobRun:
             await self._stop_following()
             raise
 
-    async def execute(
-        self, todo: list[int], retried: list[int], slices: int | None, min_slices: int
-    ) -> float:
-        """Lease slices, keep growing the pool, and submit `todo` (of which `retried` reopened).
+    @property
+    def n_chunks(self) -> int | None:
+        """The job's chunk count (None while a streamed job's inputs are still being read)."""
+        return self.results.total
 
-        Returns the time submission started.
+    async def complete(
+        self,
+        done: set[int],
+        retried: list[int],
+        slices: int | None,
+        min_slices: int,
+        timeout_s: float | None,
+    ) -> bool:
+        """Submit the chunks still to do while results are folded; False on timeout.
+
+        Raises:
+            CapacityExceeded: fewer than `min(min_slices, target)` leases could be had.
+            FollowerStalled: results stopped arriving and resubscribing did not bring them.
+            Exception: what reading or encoding the inputs, or the aggregator, raised.
+        """
+        left = None if self.job.streamed else self.spec.n_chunks - len(done)
+        target = min(slices or self.settings.max_slices, left or self.settings.max_slices)
+        submission = Submission(
+            self.conn,
+            self.broker,
+            self.spec,
+            self.job,
+            self.window,
+            self.results,
+            done,
+            set(retried),
+            self.job.input_limit(self.settings),
+            lambda: self._lease(target, min_slices),
+            rerun=uuid.uuid4().hex[:8] if retried else "",
+        )
+        submit = asyncio.ensure_future(self._submit(submission))
+        waiting = asyncio.ensure_future(self.results.wait(timeout_s))
+        try:
+            await asyncio.wait({submit, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if submit.done():
+                submit.result()  # raises what stopped the submission
+            finished = await waiting
+        finally:
+            for task in (submit, waiting):
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+        if finished and self.submitted:
+            # From the first chunk submitted to the last result in (overlaps submit_s).
+            self.phases["execute_s"] = time.perf_counter() - self._t_submit
+        return finished
+
+    async def _submit(self, submission: Submission) -> None:
+        """Run the submission; then a streamed job's count and digest are known: store them."""
+        n = await submission.run()
+        if self._t_submit:
+            self.phases["submit_s"] = time.perf_counter() - self._t_submit
+        if self.job.streamed:
+            final = attrs.evolve(self.spec, n_chunks=n, inputs_digest=submission.digest.hexdigest())
+            await publish_spec(self.conn, self.broker, final)
+            self.results.set_total(n)
+        log.info(
+            "chunks submitted job=%s submitted=%d inputs=%d",
+            self.spec.job_id,
+            submission.n_submitted,
+            n,
+        )
+
+    async def _lease(self, target: int, min_slices: int) -> None:
+        """Create the job's consumer, lease slices and start growing the pool.
 
         Raises:
             CapacityExceeded: fewer than `min(min_slices, target)` leases could be had.
         """
         await topology.ensure_job_consumer(self.conn.js, self.broker, self.spec)
-        target = min(slices or self.settings.max_slices, len(todo))
+        self.submitted = True
         t = time.perf_counter()
         await self.pool.acquire(target)
         if len(self.pool) < min(min_slices, target):
             raise CapacityExceeded(wanted=min_slices, got=len(self.pool))
         self.pool.start_renewing()
         self.phases["acquire_s"] = time.perf_counter() - t
-        t = time.perf_counter()
+        self.timeline.sample()  # the peak: every lease acquired, none released yet
+        self._t_submit = time.perf_counter()
         self._grower = asyncio.get_running_loop().create_task(self._grow(target))
-        again = set(retried)
-        first = [i for i in todo if i not in again]
-        await submit_chunks(self.conn, self.broker, self.spec, self.job.encoded, first)
-        if retried:
-            rerun = uuid.uuid4().hex[:8]
-            await submit_chunks(self.conn, self.broker, self.spec, self.job.encoded, retried, rerun)
-        self.phases["submit_s"] = time.perf_counter() - t
-        return t
 
-    async def end(self, outcome: str, value: object, submitted: bool) -> tuple[Point, ...]:
+    async def end(self, outcome: str, value: object) -> tuple[Point, ...]:
         """Take the run down, whatever ended it; return the timeline's samples.
 
         Every step runs even if one before it raised (that error is raised at the end): the
@@ -140,7 +212,7 @@ class JobRun:
             if outcome == "stopped":
                 await self.record.stop()
             else:
-                if submitted:  # a failed, timed-out or cancelled run deletes its consumer too
+                if self.submitted:  # a failed, timed-out or cancelled run deletes it too
                     await self._delete_consumer()
                 ok, failed = self.results.n_ok, self.results.n_failed
                 await self.record.finish(outcome, ok, failed, value)
@@ -167,7 +239,9 @@ class JobRun:
             if pool.closing:
                 return
             pool.prune(set(self.fleet.adverts))
-            want = min(target, self.spec.n_chunks - self.results.n_done) - len(pool)
+            total = self.results.total
+            left = target if total is None else total - self.results.n_done
+            want = min(target, left) - len(pool)
             if want > 0:
                 # Also when the fleet looks full: the pool then asks one node, which tells
                 # the fleet this tenant waits for its fair share.

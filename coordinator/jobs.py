@@ -7,20 +7,29 @@ stream and submits only the others; the work stream's dedup swallows chunks stil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import attrs
 import nats.js.errors
 
+from vramfabric.broker import topology
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import Disconnected, TransientError, from_nats, nats_errors
+from vramfabric.broker.errors import (
+    Disconnected,
+    PermissionDenied,
+    TransientError,
+    from_nats,
+    nats_errors,
+)
 from vramfabric.broker.messages import Chunk, JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
@@ -33,9 +42,11 @@ from .work import JobWork, Work, job_work
 log = logging.getLogger(__name__)
 
 # One publish's ack is awaited this long before the chunk is published again.
-_ACK_WAIT_S = 5.0
+PUBLISH_ACK_WAIT_S = 5.0
 # Async publishes in flight at once (the JetStream context allows 1024 pending acks).
 _WINDOW = 1000
+# A streamed job's chunk count until its inputs run out: the protocol's maximum.
+UNKNOWN_CHUNKS = 10_000_000
 
 
 @attrs.frozen
@@ -43,62 +54,122 @@ class Job:
     """What a user runs: a kernel, a CUDA kernel or a Python function over chunk inputs.
 
     A registered `Kernel` or a `CudaKernel` takes bytes; a function takes any picklable
-    objects (and returns any). Leave `job_id` empty to derive it from the work, args and
-    inputs: the same job run twice is then a resume, not a duplicate. `timeout_s` is each
-    chunk's deadline (default: the worker's).
+    objects (and returns any). `inputs` may be a list (any sized collection) or a one-shot
+    iterable such as a generator, read lazily while the job runs. Leave `job_id` empty to
+    derive it from the work, args and inputs: the same job run twice is then a resume, not a
+    duplicate. A generator can be read only once, so a job over one gets a fresh random id
+    unless given a `job_id` (give one to make it resumable). `timeout_s` is each chunk's
+    deadline (default: the worker's).
     """
 
     kernel: Work
-    inputs: Sequence[Any]
+    inputs: Iterable[Any]
     args: Mapping[str, Any] = attrs.field(factory=dict)
     job_id: str = ""
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     timeout_s: float | None = None
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     work: JobWork = attrs.field(init=False)
-    encoded: list[bytes] = attrs.field(init=False, repr=False)
+    # The inputs digest of a sized job by input limit, computed once (a pass over the inputs).
+    _digests: dict[int, str] = attrs.field(factory=dict, init=False, repr=False, eq=False)
+    _random_id: str = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        """Describe the work and encode the inputs once (TypeError if either cannot be)."""
-        work = job_work(self.kernel, self.max_output_bytes)
-        object.__setattr__(self, "work", work)
-        object.__setattr__(self, "encoded", work.encode_inputs(self.inputs))
+        """Describe the work (TypeError if it cannot be shipped)."""
+        object.__setattr__(self, "work", job_work(self.kernel, self.max_output_bytes))
+        object.__setattr__(self, "_random_id", uuid.uuid4().hex[:16])
 
     @property
     def output_dtype(self) -> str:
         """How outputs decode: a numpy dtype name, or `pickle` for a function's results."""
         return self.work.output_dtype
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the inputs can be read only once (an iterator or generator, not a list)."""
+        return isinstance(self.inputs, Iterator) or not isinstance(self.inputs, Sized)
+
+    @property
+    def encoded(self) -> list[bytes]:
+        """Every input encoded, all in memory at once (for small jobs and tests)."""
+        if self.streamed:
+            raise TypeError("a job over a one-shot iterable cannot be encoded twice")
+        return [self.work.encode_input(i, x) for i, x in enumerate(self.inputs)]
+
+    def encode(self, index: int, value: Any, limit: int) -> bytes:
+        """One input as chunk bytes.
+
+        Raises:
+            TypeError: the input cannot be encoded for this work.
+            ValueError: it is over `limit` bytes.
+        """
+        data = self.work.encode_input(index, value)
+        if len(data) > limit:
+            raise ValueError(f"chunk {index} is {len(data)} bytes; the limit is {limit}")
+        return data
+
+    def input_limit(self, settings: CoordinatorSettings) -> int:
+        """The largest chunk input in bytes: the work's limit or the settings', the smaller."""
+        return min(self.work.max_input_bytes, settings.max_chunk_bytes)
+
     def spec(self, settings: CoordinatorSettings) -> JobSpec:
         """The JobSpec stored in KV and read by workers.
 
+        For a sized job this reads (and encodes) every input once, for the inputs digest
+        and the default id. A streamed job's count is not known until its inputs run out:
+        its spec says `UNKNOWN_CHUNKS` chunks and no digest until `Fabric.run` stores the
+        real ones (see `final_spec`).
+
         Raises:
-            ValueError: no inputs, or a chunk over the kernel's or the wire's size limit.
+            ValueError: no inputs, a bad arg, or a chunk over the kernel's or the wire's
+                size limit.
+            TypeError: an input that cannot be encoded for this work.
         """
-        if not self.inputs:
-            raise ValueError("a job needs at least one chunk input")
         check_args(self.args)
-        limit = min(self.work.max_input_bytes, settings.max_chunk_bytes)
-        digest = hashlib.sha256()
-        for i, data in enumerate(self.encoded):
-            if len(data) > limit:
-                raise ValueError(f"chunk {i} is {len(data)} bytes; the limit is {limit}")
-            digest.update(len(data).to_bytes(8, "little"))
-            digest.update(data)
+        if self.streamed:
+            return self._spec(settings, UNKNOWN_CHUNKS, "", self.job_id or self._random_id)
+        n = len(self.inputs)  # type: ignore[arg-type]
+        if not n:
+            raise ValueError("a job needs at least one chunk input")
+        limit = self.input_limit(settings)
+        if limit not in self._digests:
+            digest = InputsDigest()
+            for i, x in enumerate(self.inputs):
+                digest.add(self.encode(i, x, limit))
+            self._digests[limit] = digest.hexdigest()
+        return self._spec(settings, n, self._digests[limit], self.job_id)
+
+    def _spec(self, settings: CoordinatorSettings, n: int, digest: str, job_id: str) -> JobSpec:
         return JobSpec(
             tenant=settings.tenant,
             kernel=self.work.name,
             kernel_digest=self.work.digest,
-            n_chunks=len(self.inputs),
+            n_chunks=n,
             args=dict(self.args),
-            inputs_digest=digest.hexdigest(),
+            inputs_digest=digest,
             retry=self.retry,
             ack_wait_s=settings.ack_wait_s,
             kernel_kind=self.work.kind,
             python=self.work.python,
             timeout_s=self.timeout_s,
-            job_id=self.job_id,
+            job_id=job_id,
         )
+
+
+@attrs.define
+class InputsDigest:
+    """The sha256 of a job's encoded inputs: each as its 8-byte little-endian length, then it."""
+
+    _sha: Any = attrs.field(factory=hashlib.sha256, init=False)
+
+    def add(self, data: bytes) -> None:
+        """Hash one chunk's input, in chunk order."""
+        self._sha.update(len(data).to_bytes(8, "little"))
+        self._sha.update(data)
+
+    def hexdigest(self) -> str:
+        """The digest of the inputs added so far."""
+        return str(self._sha.hexdigest())
 
 
 def check_args(args: Mapping[str, Any]) -> None:
@@ -115,9 +186,10 @@ async def submit_chunks(
     conn: Connection,
     broker: BrokerSettings,
     spec: JobSpec,
-    inputs: Sequence[bytes],
+    inputs: Sequence[bytes] | Mapping[int, bytes],
     indices: Sequence[int],
     rerun: str = "",
+    acks: AckedPublisher | None = None,
 ) -> int:
     """Publish the given chunks with idempotent ids; return how many were already queued.
 
@@ -127,17 +199,19 @@ async def submit_chunks(
     Publishes are asynchronous, in windows of `_WINDOW` awaiting their PubAcks. Chunks whose
     ack does not come (a stream leader lost, say) are published again with the same
     `Nats-Msg-Id`, which the stream deduplicates, under the broker's call retry policy.
+    `inputs[i]` is chunk i's input; `acks`, if given, is a started publisher to use.
 
     Raises:
         Disconnected: some chunks were still not acked at the retry deadline.
         PermanentError: the stream refused a chunk for good (a permission error, say).
     """
     pending, duplicates = list(indices), 0
-    acks = await AckedPublisher(conn.nc, _ACK_WAIT_S).start()
+    own = acks is None
+    publisher = acks or await AckedPublisher(conn.nc, PUBLISH_ACK_WAIT_S).start()
 
     async def publish_pending() -> None:
         nonlocal pending, duplicates
-        outcomes = await _publish_round(acks, broker, spec, inputs, pending, rerun)
+        outcomes = await _publish_round(publisher, broker, spec, inputs, pending, rerun)
         duplicates += sum(1 for o in outcomes if o is True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         pending = [
@@ -154,7 +228,8 @@ async def submit_chunks(
     try:
         await broker.call_retry.call(publish_pending, what=f"submit chunks job={spec.job_id}")
     finally:
-        await acks.stop()
+        if own:
+            await publisher.stop()
     return duplicates
 
 
@@ -162,7 +237,7 @@ async def _publish_round(
     acks: AckedPublisher,
     broker: BrokerSettings,
     spec: JobSpec,
-    inputs: Sequence[bytes],
+    inputs: Sequence[bytes] | Mapping[int, bytes],
     indices: Sequence[int],
     rerun: str,
 ) -> list[Any]:
@@ -231,3 +306,15 @@ async def _stream_info(
     if "error" in info:
         nats.js.errors.APIError.from_error(info["error"])
     return info
+
+
+async def publish_spec(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> None:
+    """Store the job's spec in `vf_jobs` (again, for a streamed job whose inputs ran out)."""
+    # A KV put is a publish to the key's subject: no KV API call, so a tenant needs no
+    # grant that could read or list other tenants' specs in the shared bucket.
+    with contextlib.suppress(PermissionDenied):
+        # With auth on, the operator made the bucket and a tenant may not even look at it.
+        await topology.jobs_bucket(conn.js, broker)
+    subject = broker.subjects.job_spec(spec.tenant, spec.job_id)
+    with nats_errors():
+        await conn.js.publish(subject, encode(spec))

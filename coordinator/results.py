@@ -45,6 +45,14 @@ class ResultsConsumer:
     aggregator: Aggregator
     on_progress: Progress | None = None
     metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
+    # Chunks in the job: None while a streamed job's inputs are still being read (set_total).
+    total: int | None = attrs.field(
+        default=attrs.Factory(lambda self: self.spec.n_chunks, takes_self=True), kw_only=True
+    )
+    # Called with each chunk's index as its first result is folded (the submission window).
+    on_result: Callable[[int], None] | None = attrs.field(default=None, kw_only=True)
+    # No result for this long while the stream holds some for the job is a follower stall.
+    stall_s: float = attrs.field(default=10.0, kw_only=True)
     n_ok: int = attrs.field(default=0, init=False)
     n_failed: int = attrs.field(default=0, init=False)
     duplicates: int = attrs.field(default=0, init=False)
@@ -60,8 +68,8 @@ class ResultsConsumer:
     _error: Exception | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        """Size the seen-table (a byte per chunk) to the job."""
-        self._seen = bytearray(self.spec.n_chunks)
+        """Size the seen-table (a byte per chunk) to the job; it grows for a streamed job."""
+        self._seen = bytearray(self.total or 0)
         self._done_total = self.metrics.chunks_done_total.labels(tenant=self.spec.tenant)
 
     @property
@@ -78,8 +86,25 @@ class ResultsConsumer:
             s.results_stream(self.spec.tenant),
             self._on_msg,
             self.broker.call_retry,
+            stall_s=self.stall_s,
+            on_fail=self._fail,
         )
         await self._follower.start()
+
+    def _fail(self, exc: Exception) -> None:
+        """Stop the run with `exc` (see `wait`): no more results will come."""
+        self._error = exc
+        self._done.set()
+
+    def set_total(self, n_chunks: int) -> None:
+        """The streamed job's chunk count, now that its inputs are read; done if all are in."""
+        self.total = n_chunks
+        if self.n_done >= n_chunks:
+            self._done.set()
+
+    def seen(self, index: int) -> bool:
+        """Whether chunk `index` has a result folded in."""
+        return index < len(self._seen) and bool(self._seen[index])
 
     async def _on_msg(self, msg: Msg) -> None:
         spec = self.spec
@@ -135,12 +160,17 @@ class ResultsConsumer:
 
     def add(self, result: ChunkResult) -> None:
         """Fold one result in, unless this chunk already has one."""
+        if result.index >= len(self._seen):
+            # A streamed job's table grows with the chunks (bytearray growth is amortised).
+            self._seen.extend(bytes(result.index + 1 - len(self._seen)))
         if self._seen[result.index]:
             # The stream keeps one result per chunk; a replay after a consumer reset can repeat it.
             self.duplicates += 1
             self.metrics.chunks_duplicate_total.labels(tenant=self.spec.tenant).inc()
             return
         self._seen[result.index] = 1
+        if self.on_result is not None:
+            self.on_result(result.index)
         if result.ok and result.output is not None:
             t0 = time.perf_counter()
             try:
@@ -162,7 +192,7 @@ class ResultsConsumer:
             self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(result.attempt - 1)
         if self.on_progress is not None:
             self.on_progress(self)
-        if self.n_done == self.spec.n_chunks:
+        if self.n_done == self.total:
             self._done.set()
 
     async def wait(self, timeout_s: float | None) -> bool:

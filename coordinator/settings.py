@@ -36,6 +36,13 @@ class CoordinatorSettings:
 
     # Finished jobs older than this are removed after each run (0: kept until `rm`).
     job_retention_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    # Chunks (and bytes of input) a run keeps submitted but without a result: its inputs are
+    # read lazily, so these bound the coordinator's memory and the work stream, not the job.
+    submit_window: int = attrs.field(default=10_000, validator=attrs.validators.gt(0))
+    submit_window_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.gt(0))
+    # A results follower that gets nothing this long while the stream holds results for it
+    # resubscribes; after three such tries in a row the run fails with FollowerStalled.
+    follow_stall_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
@@ -49,4 +56,7 @@ class CoordinatorSettings:
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
             metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",
             job_retention_s=env_float(environ, "VRAMFABRIC_JOB_RETENTION_S", 0.0),
+            submit_window=env_int(environ, "VRAMFABRIC_SUBMIT_WINDOW", 10_000),
+            submit_window_bytes=env_size(environ, "VRAMFABRIC_SUBMIT_WINDOW_BYTES", 256 * 2**20),
+            follow_stall_s=env_float(environ, "VRAMFABRIC_FOLLOW_STALL_S", 10.0),
         )

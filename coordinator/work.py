@@ -7,7 +7,7 @@ object store by digest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -55,21 +55,20 @@ class JobWork:
         )
         return not needs_code or (advert.allow_code and advert.python == self.python)
 
-    def encode_inputs(self, inputs: Sequence[Any]) -> list[bytes]:
-        """Chunk inputs as bytes: pickled for callables, as given (bytes) for kernels.
+    def encode_input(self, index: int, value: Any) -> bytes:
+        """One chunk input as bytes: pickled for callables, as given (bytes) for kernels.
 
         Raises:
             TypeError: a kernel's input is not bytes, or a callable's is not picklable.
         """
         if self.kind == "python":
-            return [encode_input(x) for x in inputs]
-        for i, data in enumerate(inputs):
-            if not isinstance(data, bytes | bytearray | memoryview):
-                raise TypeError(
-                    f"chunk {i}: a kernel's input must be bytes, got {type(data).__name__} "
-                    "(pass a Python function to send objects)"
-                )
-        return [bytes(x) for x in inputs]
+            return encode_input(value)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"chunk {index}: a kernel's input must be bytes, got {type(value).__name__} "
+                "(pass a Python function to send objects)"
+            )
+        return bytes(value)
 
 
 def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> JobWork:

@@ -1,0 +1,153 @@
+"""Windowed submission: a job's inputs read lazily, at most a window of chunks in flight.
+
+The coordinator reads a job's inputs one at a time, skips chunks that already have a result,
+and publishes the others in batches, never holding more than `submit_window` chunks (or
+`submit_window_bytes` of input) submitted but without a result. Each folded result frees its
+chunk's place, so results are folded long before the last input is read, and neither the
+coordinator's memory nor the work stream grows with the number of chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
+
+import attrs
+
+from vramfabric.broker.acked import AckedPublisher
+from vramfabric.broker.connection import Connection
+from vramfabric.broker.messages import JobSpec
+from vramfabric.broker.settings import BrokerSettings
+
+from .jobs import PUBLISH_ACK_WAIT_S, InputsDigest, Job, submit_chunks
+from .results import ResultsConsumer
+
+log = logging.getLogger(__name__)
+
+# A batch is published (and its PubAcks awaited) once it holds this many chunks or bytes.
+_BATCH = 1000
+_BATCH_BYTES = 8 * 2**20
+
+
+@attrs.define
+class Window:
+    """Chunks submitted and not yet finished, at most `max_chunks` of them and `max_bytes`."""
+
+    max_chunks: int
+    max_bytes: int
+    _inflight: dict[int, int] = attrs.field(factory=dict, init=False)  # index -> input bytes
+    _bytes: int = attrs.field(default=0, init=False)
+    _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def fits(self, size: int) -> bool:
+        """Whether a chunk of `size` bytes may go out now (an empty window takes any one)."""
+        if not self._inflight:
+            return True
+        return len(self._inflight) < self.max_chunks and self._bytes + size <= self.max_bytes
+
+    def add(self, index: int, size: int) -> None:
+        """Count chunk `index` as in flight."""
+        self._inflight[index] = size
+        self._bytes += size
+
+    def finished(self, index: int) -> None:
+        """Chunk `index` has a result: free its place (nothing if it was not in flight)."""
+        size = self._inflight.pop(index, None)
+        if size is None:
+            return
+        self._bytes -= size
+        # Wake the submitter only once a batch's worth is free, so it publishes batches
+        # rather than one chunk per freed place.
+        refill = max(1, min(_BATCH, self.max_chunks // 4))
+        if len(self._inflight) <= self.max_chunks - refill and (
+            self._bytes <= self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
+        ):
+            self._room.set()
+
+    async def wait_room(self, size: int) -> None:
+        """Wait until a chunk of `size` bytes fits."""
+        while not self.fits(size):
+            self._room.clear()
+            await self._room.wait()
+
+
+@attrs.define
+class Submission:
+    """One run's pass over a job's inputs: skip what has a result, publish the rest."""
+
+    conn: Connection
+    broker: BrokerSettings
+    spec: JobSpec
+    job: Job
+    window: Window
+    results: ResultsConsumer
+    # Chunks with a stored result before the run, and those reopened by `retry_failed`.
+    done: Collection[int]
+    retried: Collection[int]
+    limit: int
+    # Awaited once, before the first chunk is published (leasing, the job's consumer).
+    before_first: Callable[[], Awaitable[None]]
+    rerun: str = ""
+    n_submitted: int = attrs.field(default=0, init=False)
+    digest: InputsDigest = attrs.field(factory=InputsDigest, init=False)
+    _batch: dict[int, bytes] = attrs.field(factory=dict, init=False)
+    _batch_bytes: int = attrs.field(default=0, init=False)
+    _acks: AckedPublisher | None = attrs.field(default=None, init=False)
+
+    async def run(self) -> int:
+        """Publish every chunk still to do; return how many inputs the job has.
+
+        Raises:
+            ValueError: a streamed job with no inputs, or an input over the size limit.
+            TypeError: an input that cannot be encoded for the job's work.
+            Disconnected, PermanentError: chunks could not be published (see submit_chunks).
+        """
+        streamed, n_read = self.job.streamed, 0
+        try:
+            for index, value in enumerate(self.job.inputs):
+                n_read = index + 1
+                skip = index in self.done or self.results.seen(index)
+                # A streamed job's digest covers every input; a sized one's is already known.
+                data = self.job.encode(index, value, self.limit) if streamed or not skip else b""
+                if streamed:
+                    self.digest.add(data)
+                if not skip:
+                    await self._add(index, data)
+            await self._flush()
+        finally:
+            if self._acks is not None:
+                await self._acks.stop()
+        if not n_read:
+            raise ValueError("a job needs at least one chunk input")
+        return n_read
+
+    async def _add(self, index: int, data: bytes) -> None:
+        if not self.window.fits(len(data)):
+            await self._flush()  # its chunks count against the window: publish them first
+            await self.window.wait_room(len(data))
+        self.window.add(index, len(data))
+        self._batch[index] = data
+        self._batch_bytes += len(data)
+        if len(self._batch) >= _BATCH or self._batch_bytes >= _BATCH_BYTES:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Publish the batch, awaiting its PubAcks (chunks again after a failure: new ids)."""
+        if not self._batch:
+            return
+        if self._acks is None:
+            await self.before_first()
+            self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
+        batch, self._batch, self._batch_bytes = self._batch, {}, 0
+        again = [i for i in batch if i in self.retried]
+        plain = [i for i in batch if i not in self.retried] if again else list(batch)
+        for indices, rerun in ((plain, ""), (again, self.rerun)):
+            if indices:
+                await submit_chunks(
+                    self.conn, self.broker, self.spec, batch, indices, rerun, self._acks
+                )
+        self.n_submitted += len(batch)
