@@ -1,4 +1,4 @@
-"""Slots benchmark: the same sleeping chunks on 1 lease and on 8 leases of one node.
+"""Slots benchmark: the same chunks on 1 lease and on 8 (or 4) leases of one node.
 
 A lease is an execution slot: 8 leases must run 8 chunks at once. Each chunk is a Python
 function that sleeps `--chunk-s` (a stand-in for a kernel that keeps its slot busy), so the
@@ -8,6 +8,11 @@ running at the end and their resident memory (the cost of the isolation level).
 
     python bench/slots.py                  # 32 chunks of 0.1 s, 3 runs each, medians
     python bench/slots.py --isolation process   # one executor process per lease
+    python bench/slots.py --cpu --slots 4  # CPU-bound pure Python chunks on 1 and 4 leases
+
+With `--cpu` each chunk is a pure-Python loop of about `--chunk-s` on one core: the speed-up
+then measures whether a tenant's leases compute in parallel (each a process of its own) or
+take turns on one GIL; it is bounded by the machine's cores.
 """
 
 from __future__ import annotations
@@ -32,9 +37,24 @@ def nap(seconds: float) -> float:
     return seconds
 
 
+def spin(loops: int) -> int:
+    """Pure-Python CPU work holding the GIL: `loops` additions."""
+    total = 0
+    for i in range(loops):
+        total += i
+    return total
+
+
+LOOPS_PER_S = 0  # calibrated in main(): loops of `spin` per second on one core
+
+
 async def timed(fabric: Fabric, n: int, chunk_s: float, slices: int, run: int) -> float:
     """Seconds one job of `n` chunks takes on `slices` leases."""
-    job = Job(nap, [chunk_s] * n, job_id=f"slots{slices}r{run}t{time.time_ns()}")
+    inputs: list[float] | list[int] = [chunk_s] * n
+    if LOOPS_PER_S:
+        inputs = [int(LOOPS_PER_S * chunk_s)] * n
+    fn = spin if LOOPS_PER_S else nap
+    job = Job(fn, inputs, job_id=f"slots{slices}r{run}t{time.time_ns()}")
     result = await fabric.run(job, Gather(), slices=slices, timeout_s=120)
     assert result.n_ok == n, result.failures
     await fabric.fleet.wait_changed(timeout_s=1.0)
@@ -58,27 +78,28 @@ def executors_rss_bytes() -> tuple[int, int]:
 
 
 async def bench(
-    fleet: LocalFleet, n: int, chunk_s: float, runs: int, isolation: str
+    fleet: LocalFleet, n: int, chunk_s: float, runs: int, isolation: str, slots: int
 ) -> dict[str, object]:
-    """Median job time on 1 and on 8 slots, and the executors it took."""
+    """Median job time on 1 and on `slots` slots, and the executors it took."""
     settings = CoordinatorSettings(slice_bytes=2**30)
     async with await Fabric.connect(fleet.broker, settings) as fabric:
-        await timed(fabric, 8, 0.01, 8, -1)  # warm-up: executors started, code cached
+        await timed(fabric, slots, 0.01, slots, -1)  # warm-up: executors started, code cached
         one = [await timed(fabric, n, chunk_s, 1, r) for r in range(runs)]
-        eight = [await timed(fabric, n, chunk_s, 8, r) for r in range(runs)]
+        many = [await timed(fabric, n, chunk_s, slots, r) for r in range(runs)]
         procs, rss = executors_rss_bytes()
     return {
-        "bench": "slots",
+        "bench": "slots_cpu" if LOOPS_PER_S else "slots",
         "isolation": isolation,
+        "slots": slots,
         "executor_processes": procs,
         "executors_rss_mib": round(rss / 2**20, 1),
         "chunks": n,
         "chunk_s": chunk_s,
         "runs": runs,
         "one_slot_s_median": round(statistics.median(one), 4),
-        "eight_slots_s_median": round(statistics.median(eight), 4),
-        "speedup": round(statistics.median(one) / statistics.median(eight), 2),
-        "ideal_eight_slots_s": round(n * chunk_s / 8, 4),
+        "many_slots_s_median": round(statistics.median(many), 4),
+        "speedup": round(statistics.median(one) / statistics.median(many), 2),
+        "ideal_many_slots_s": round(n * chunk_s / slots, 4),
         "machine": f"{platform.machine()} {os.cpu_count()} cores "
         f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
@@ -94,7 +115,14 @@ def main() -> int:
     parser.add_argument("--chunk-s", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--isolation", choices=("thread", "process"), default="thread")
+    parser.add_argument("--slots", type=int, default=8, help="leases of the parallel run")
+    parser.add_argument("--cpu", action="store_true", help="CPU-bound chunks, not sleeps")
     args = parser.parse_args()
+    if args.cpu:
+        global LOOPS_PER_S
+        t0 = time.perf_counter()
+        spin(2_000_000)
+        LOOPS_PER_S = int(2_000_000 / (time.perf_counter() - t0))
     fleet = LocalFleet(
         workers=1,
         simulate="1x8GiB",
@@ -102,7 +130,9 @@ def main() -> int:
         worker_args=("--allow-code", "--isolation", args.isolation),
     )
     with fleet:
-        line = asyncio.run(bench(fleet, args.chunks, args.chunk_s, args.runs, args.isolation))
+        line = asyncio.run(
+            bench(fleet, args.chunks, args.chunk_s, args.runs, args.isolation, args.slots)
+        )
     print(json.dumps(line), flush=True)
     return 0
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 
 import attrs
@@ -14,7 +16,7 @@ import attrs
 from vramfabric.broker import topology
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import Disconnected
+from vramfabric.broker.errors import Disconnected, ExecutorCrashed
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
 from vramfabric.kernels import builtin_registry
@@ -27,6 +29,11 @@ from .metrics import WorkerMetrics
 from .settings import WorkerSettings
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
+# The node's executor processes cannot start (the start-up probe failed).
+RET_EXECUTORS = 5
+# After a stop signal the worker is gone within its drain grace plus this, whatever it is
+# doing (a start stuck on an executor, a server that does not answer): then it exits hard.
+STOP_SLACK_S = 5.0
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 log = logging.getLogger(__name__)
 
@@ -132,21 +139,62 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
         except OSError as exc:
             raise ValueError(f"metrics port {settings.metrics_port}: {exc}") from exc
         url = f" metrics=http://{settings.metrics_addr}:{port}/metrics"
-    conn = await connect_patiently(broker, f"worker-{settings.node}")
+    # Signals first: a stop must work while connecting and starting too.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_stop_signal, stop, settings.drain_grace_s)
+    connecting = loop.create_task(connect_patiently(broker, f"worker-{settings.node}"))
+    if not await _first(connecting, stop):
+        return RET_OK
+    conn = connecting.result()
     agent = Agent(broker, settings, conn, metrics)
     try:
-        await agent.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        starting = loop.create_task(agent.start())
+        if not await _first(starting, stop):
+            await agent.abort()
+            return RET_OK
+        starting.result()  # raises what ended the start, if anything did
         # Tell a parent (the demo, tests) we serve: it waits for this line, not a timer.
         print(f"worker ready node={settings.node}{url}", flush=True)
         await stop.wait()
         await agent.stop()
         return RET_OK
+    except ExecutorCrashed as exc:
+        await agent.abort()
+        print(f"vramfabric worker: executors cannot start: {exc}", file=sys.stderr)
+        return RET_EXECUTORS
     finally:
         await conn.close()
+
+
+async def _first(task: asyncio.Task[object], stop: asyncio.Event) -> bool:
+    """Wait for `task` or a stop signal; False (the task cancelled) if the signal came first."""
+    stopped = asyncio.get_running_loop().create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    log.info("stopped before the worker was ready")
+    return False
+
+
+def _on_stop_signal(stop: asyncio.Event, grace_s: float) -> None:
+    """Begin the drain; arm a timer that ends the process if the drain overruns."""
+    if stop.is_set():
+        return
+    stop.set()
+    timer = threading.Timer(grace_s + STOP_SLACK_S, _exit_hard, (grace_s,))
+    timer.daemon = True
+    timer.start()
+
+
+def _exit_hard(grace_s: float) -> None:
+    log.error("stop overran drain grace %.1fs + %.1fs: exiting now", grace_s, STOP_SLACK_S)
+    # The executors die with this process (PR_SET_PDEATHSIG); leases expire by their TTL.
+    os._exit(RET_OK)
 
 
 def main(argv: list[str] | None = None) -> int:

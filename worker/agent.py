@@ -96,6 +96,7 @@ class Agent:
         Raises:
             ValueError: auth is on (the workers' user) but no tenants file is given, which
                 would let every tenant run code with no quota.
+            ExecutorCrashed: an executor process could not start here.
         """
         if self.broker.user == tenants.WORKERS_USER and not self.settings.tenants_file:
             raise ValueError(
@@ -161,9 +162,9 @@ class Agent:
         )
         # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
-        self.executors.keep_spares()
-        # A node is ready when it can run chunks at once, not after a process start each.
-        await self.executors.spares_ready()
+        # A node is ready when it can run chunks at once, not after a process start each, and
+        # never when its executors cannot start at all (ExecutorCrashed from the probe).
+        await self.executors.probe()
         await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(
@@ -192,12 +193,9 @@ class Agent:
         self._heartbeat.poke()
         key = (tenant, job)
         self._reap_executors()
-        if not self._stopping:
-            # Start the slots' executors while the coordinator is still submitting.
-            for exec_key in {self.executors.key_of(x) for x in self.ledger.leases_of(*key)}:
-                self.executors.warm(exec_key)
         puller = self._pullers.get(key)
         if puller is not None:
+            self._warm(puller.spec)
             puller.leases_changed()
         elif key not in self._starting and not self._stopping:
             self._starting.add(key)
@@ -226,8 +224,16 @@ class Agent:
     async def _open_quota(self, policy: tenants.TenantPolicy) -> None:
         self._service.quota = await open_book(self.conn.js, self.broker, self.ledger, policy)
 
+    def _warm(self, spec: JobSpec) -> None:
+        """Start the executors of the job's leases while the coordinator is still submitting."""
+        if self._stopping:
+            return
+        leases = self.ledger.leases_of(spec.tenant, spec.job_id)
+        for exec_key in {self.executors.key_of(x, spec.kernel_kind) for x in leases}:
+            self.executors.warm(exec_key)
+
     def _reap_executors(self) -> None:
-        live = {self.executors.key_of(lease) for lease in self.ledger.holding()}
+        live = {lease.lease_id for lease in self.ledger.holding()}
         self.executors.reap(live, time.monotonic())
 
     async def _run_puller(self, key: JobKey) -> None:
@@ -248,6 +254,7 @@ class Agent:
             self._acks,
         )
         self._pullers[key] = puller
+        self._warm(spec)
         puller.leases_changed()
         try:
             await puller.run()
@@ -301,6 +308,18 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), self.settings.pull_expires_s)
         return None
+
+    async def abort(self) -> None:
+        """Undo a start that did not finish: stop its executors and background tasks."""
+        self._stopping = True
+        self._stopped.set()
+        # Unset when the start ended before it made them.
+        executors: ExecutorPool | None = getattr(self, "executors", None)
+        if executors is not None:
+            await executors.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking work, let running chunks finish for `grace_s`, release every lease."""

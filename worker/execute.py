@@ -3,6 +3,12 @@
 The slot is held (its VRAM kept out of the pool) from the moment the chunk starts until it
 ends, whatever ends it. The work runs in an executor process under the chunk's deadline; a
 checkpoint of an earlier delivery is handed back in; a large output goes to the object store.
+
+Only the chunk that hung or crashed its executor pays for it (a failed attempt). A chunk
+whose executor was killed for a neighbour's deadline runs again here, on a fresh executor;
+one whose executor crashed with other chunks in it runs again alone, and pays only if it
+crashes alone. Either way the message stays with this worker (the keepalive holds its ack
+wait) and no JetStream delivery is spent: a nak or redelivery would count one.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
 from .ledger import SliceLedger
+from .process import Bystander, Suspect
 from .settings import WorkerSettings
 from .slots import ExecutorPool
 from .store import ChunkStore
@@ -33,8 +40,11 @@ from .work import WorkLoader, refusal
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_CHARS = 2000
-# Crash suspects remembered per node (a chunk id each).
+# Chunks that hung or crashed an executor, remembered per node (a chunk id each): their
+# next delivery runs alone.
 MAX_SUSPECTS = 10_000
+# Times one delivery of a chunk is run again for others' sake before it gives up as crashed.
+MAX_RERUNS = 4
 
 
 @attrs.define
@@ -111,16 +121,24 @@ class ChunkRunner:
             self._checkpointed.add(key)
 
         timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
-        # A chunk that crashed or hung a shared process here (or was running beside one that
-        # did: which of them did it is unknown) runs alone from then on.
+        # A chunk that crashed or hung an executor here runs alone from then on.
         alone = key in self._suspects
-        try:
-            return await self.pool.run(lease, work, frame, timeout_s, save, alone=alone)
-        except (ChunkTimeout, ExecutorCrashed):
-            self._suspects[key] = None
-            while len(self._suspects) > MAX_SUSPECTS:
-                self._suspects.popitem(last=False)
-            raise
+        for _rerun in range(MAX_RERUNS + 1):
+            try:
+                return await self.pool.run(lease, work, frame, timeout_s, save, alone=alone)
+            except Bystander as exc:
+                log.info("chunk runs again job=%s index=%d: %s", key[1], key[2], exc)
+            except Suspect as exc:
+                log.info("chunk runs again alone job=%s index=%d: %s", key[1], key[2], exc)
+                alone = True
+            except (ChunkTimeout, ExecutorCrashed):
+                self._suspects[key] = None
+                while len(self._suspects) > MAX_SUSPECTS:
+                    self._suspects.popitem(last=False)
+                raise
+            if key in self._checkpointed:  # it may have checkpointed before it was stopped
+                frame["resumed"] = await self._resumed(spec, key)
+        raise ExecutorCrashed(f"executor ended under this chunk {MAX_RERUNS + 1} times")
 
     async def _resumed(self, spec: JobSpec, key: tuple[str, str, int]) -> bytes | None:
         """The last checkpoint of a chunk delivered again (only functions checkpoint)."""

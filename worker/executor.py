@@ -34,6 +34,9 @@ MAX_THREADS = 4096
 PRESTART_THREADS = 256
 # Exit code when a CUDA error may have poisoned this process's context.
 EXIT_POISONED = 70
+# The largest output a chunk may return: it must fit in one frame beside the rest of its
+# `done` frame. A larger one fails its chunk here, at once, instead of breaking the pipe.
+MAX_OUTPUT_BYTES = ipc.MAX_FRAME_BYTES - 64 * 2**10
 
 
 class Executor:
@@ -104,6 +107,12 @@ class Executor:
         task = frame["task"]
         try:
             output = self.runner.execute(frame, self._context(frame))
+            if len(output) > MAX_OUTPUT_BYTES:
+                raise Failure(
+                    ErrorKind.LAUNCH_FAILED,
+                    f"output of {len(output)} bytes exceeds the largest a chunk may return, "
+                    f"{MAX_OUTPUT_BYTES} bytes (the executor frame limit)",
+                )
             reply: dict[str, Any] = {"op": "done", "task": task, "ok": True, "output": output}
         except Failure as exc:
             reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}

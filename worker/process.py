@@ -29,12 +29,26 @@ from .gpus import GpuSpec
 
 log = logging.getLogger(__name__)
 
+# How the pool kills a process for one chunk's deadline: its other chunks are innocent.
+FOR_A_NEIGHBOUR = "executor killed: a chunk beside this one ran past its deadline"
+
 # (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU); also
 # (gpu, "", "spare") for a GPU's spare and (gpu, tenant, "idle:<pid>") for a kept idle one.
 ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
+
+
+class Bystander(ExecutorCrashed):
+    """The chunk's executor ended for another chunk's sake: run it again, it pays nothing.
+
+    Never leaves the worker (ChunkRunner re-runs the chunk), so it has no wire kind of its own.
+    """
+
+
+class Suspect(ExecutorCrashed):
+    """The chunk's executor crashed while other chunks ran there too: any of them may be why."""
 
 
 @attrs.define
@@ -63,6 +77,8 @@ class ExecutorProcess:
     idle_since: float = attrs.field(factory=time.monotonic)
     # Why the process is being killed, for the chunks it takes with it.
     doom: str = ""
+    # A chunk said it poisoned the process (a CUDA error): the others are bystanders.
+    culprit_known: bool = False
     reader: asyncio.Task[None] | None = None
     # Checkpoints being stored: the loop keeps only weak references to tasks, and a task
     # collected mid-flight would leave its chunk waiting for an answer that never comes.
@@ -196,7 +212,9 @@ class ExecutorProcess:
             if frame.get("ok"):
                 task.future.set_result(bytes(frame["output"]))
             else:
-                task.future.set_exception(_failure(frame))
+                error = _failure(frame)
+                self.culprit_known |= isinstance(error, ExecutorCrashed)
+                task.future.set_exception(error)
         elif op == "checkpoint":
             # Stored off the read loop: the executor may finish other chunks meanwhile.
             stored = asyncio.get_running_loop().create_task(self._checkpoint(frame, task))
@@ -220,9 +238,9 @@ class ExecutorProcess:
     async def _died(self) -> None:
         code = await self.proc.wait()
         why = self.doom or f"executor process died ({_exit_reason(code)}) while running this chunk"
-        for task in list(self.tasks.values()):
-            if not task.future.done():
-                task.future.set_exception(ExecutorCrashed(why))
+        running = [task for task in self.tasks.values() if not task.future.done()]
+        for task in running:
+            task.future.set_exception(self._verdict(why, len(running)))
         if not self.ready.done():
             self.ready.set_exception(ExecutorCrashed(why))
             self.ready.exception()  # retrieved: the starter reports it
@@ -230,6 +248,15 @@ class ExecutorProcess:
         quiet = self.doom.startswith(("idle", "executor killed: the node"))
         level = logging.INFO if quiet else logging.WARNING
         log.log(level, "executor ended key=%s pid=%d %s", self.key, self.proc.pid, why)
+
+    def _verdict(self, why: str, running: int) -> ExecutorCrashed:
+        """What a chunk still running when the process ended learns, by who is to blame."""
+        if self.culprit_known or self.doom == FOR_A_NEIGHBOUR:
+            return Bystander(why)
+        if self.doom.startswith(("idle", "executor killed: the node")) or running == 1:
+            return ExecutorCrashed(why)
+        # Died on its own (or sent garbage) with several chunks in it: each is a suspect.
+        return Suspect(why)
 
 
 def _failure(frame: dict[str, Any]) -> VramfabricError:

@@ -32,6 +32,8 @@ class WorkerSettings:
     `process` (one executor process per lease). `allow_code` lets tenants' Python callables
     run on this node. `chunk_timeout_s` is the deadline of a chunk whose job sets none.
     Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
+    A node runs at most `max_executors_per_gpu` executor processes on one GPU and
+    `max_executors` in all (worker/slots.py).
     `executor_uids` are the uids tenants' executors run as, one per tenant (worker/containment.py);
     None: root uses the default range, any other user runs them as itself.
     """
@@ -61,6 +63,10 @@ class WorkerSettings:
     # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
     executor_uids: UidRange | None = None
+    # Caps on executor processes: a Python function's lease gets a lane (process) of its own
+    # up to one less than the per-GPU cap; crash suspects are narrowed within the caps.
+    max_executors_per_gpu: int = attrs.field(default=8, validator=attrs.validators.ge(2))
+    max_executors: int = attrs.field(default=32, validator=attrs.validators.ge(2))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -90,6 +96,8 @@ class WorkerSettings:
             drain_grace_s=env_float(environ, "VRAMFABRIC_DRAIN_GRACE_S", 10.0),
             chunk_timeout_s=env_float(environ, "VRAMFABRIC_CHUNK_TIMEOUT_S", 3600.0),
             waiting_ttl_s=env_float(environ, "VRAMFABRIC_WAITING_TTL_S", 10.0),
+            max_executors_per_gpu=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS_PER_GPU", 8),
+            max_executors=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS", 32),
             **kwargs,  # type: ignore[arg-type]
         )
 

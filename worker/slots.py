@@ -1,17 +1,18 @@
 """ExecutorPool: the node's executor processes, which hold the execution slots of its leases.
 
-One process per (GPU, tenant) by default, with one thread per running lease; with
-`isolation="process"` one process per lease. A chunk past its deadline gets its process
-killed (the chunk fails as `timeout`, the process's other chunks as `crashed`, both
-transient); a process that dies on its own fails only its own running chunks. The next chunk
-for that key starts a fresh process. Nothing here runs users' code: it only moves bytes.
+Which process a lease's chunks run in is the layout's choice (worker/layout.py): a lane per
+lease for Python functions, one process per (GPU, tenant) with a thread per lease for
+kernels. A node runs at most `max_executors_per_gpu` processes on a GPU and `max_executors`
+in all: a process that would pass either cap waits for room, made by stopping an idle
+process (a spare, a lane no chunk uses) or by one ending. A chunk past its deadline gets its
+process killed: it fails as `timeout`, the process's other chunks learn they were
+bystanders (process.Bystander); a process that dies on its own with several chunks in it
+makes each a suspect (process.Suspect). ChunkRunner re-runs those; a suspect runs `alone`,
+in a process of its own that is stopped once its chunk ends. Nothing here runs users' code:
+it only moves bytes.
 
 With containment (worker/containment.py) each process runs as its tenant's uid, so there
 are no spares: a spare started before its tenant is known could run as nobody's uid.
-
-A shared process cannot tell which of its chunks crashed it, so callers run the chunks that
-were in a crashed or killed process `alone` from then on, in a process of their own: a chunk
-that crashes or hangs its process takes its neighbours down at most once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from vramfabric.broker.messages import Lease
 
 from .containment import Containment
 from .gpus import GpuSpec
-from .process import ExecKey, ExecutorProcess, Running, SaveCheckpoint
+from .layout import ALONE, LANE, ExecutorLayout, alone_key
+from .process import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
+from .room import ExecutorRoom
 from .settings import WorkerSettings
 from .work import Work
 
@@ -42,6 +45,8 @@ SPARE_AFTER_IDLE_S = 5.0
 # Running chunks are checked against their deadlines this often (one timer per node, not
 # one per chunk): a chunk is killed at most this long after its deadline.
 DEADLINE_SWEEP_S = 0.1
+# The tenant the start-up probe's executor runs as: not a token, so no real tenant's name.
+PROBE_TENANT = ".probe"
 
 
 @attrs.define
@@ -61,9 +66,14 @@ class ExecutorPool:
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
     _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
     _containment: Containment = attrs.field(init=False)
+    layout: ExecutorLayout = attrs.field(init=False)
+    room: ExecutorRoom = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._containment = Containment.start(self.settings.executor_uids, self.settings.allow_code)
+        lanes = max(1, self.settings.max_executors_per_gpu - 1)  # one left to narrow suspects
+        self.layout = ExecutorLayout(self.settings.isolation, lanes)
+        self.room = ExecutorRoom(self.settings.max_executors_per_gpu, self.settings.max_executors)
 
     @property
     def containment(self) -> str:
@@ -73,10 +83,9 @@ class ExecutorPool:
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
 
-    def key_of(self, lease: Lease, alone: bool = False) -> ExecKey:
-        """The executor a lease's chunks run in; `alone` gives the lease a process of its own."""
-        shared = self.settings.isolation == "thread" and not alone
-        return (lease.gpu, lease.tenant, "" if shared else lease.lease_id)
+    def key_of(self, lease: Lease, kind: str) -> ExecKey:
+        """The executor a lease's chunks of work `kind` run in (see worker/layout.py)."""
+        return self.layout.key_of(lease, kind)
 
     def warm(self, key: ExecKey) -> None:
         """Start an executor now, so the first chunk of its leases does not wait for it."""
@@ -101,7 +110,7 @@ class ExecutorPool:
             ExecutorCrashed: the executor died while the chunk ran.
             ChunkFailed: the chunk's work failed (a permanent kind, from the executor).
         """
-        key = self.key_of(lease, alone)
+        key = alone_key(lease) if alone else self.key_of(lease, work.kind)
         self._last_busy = time.monotonic()
         self._entering[key] = self._entering.get(key, 0) + 1
         try:
@@ -140,6 +149,9 @@ class ExecutorPool:
             self._last_busy = time.monotonic()
             if not exe.tasks:
                 exe.idle_since = self._last_busy
+                if alone:
+                    exe.kill("idle: its suspect chunk ended")
+            self.room.changed()
 
     def _check_deadlines(self) -> None:
         """Kill the executors of chunks past their deadline; check again while chunks run."""
@@ -162,7 +174,7 @@ class ExecutorPool:
             task.timeout_s,
         )
         task.future.set_exception(ChunkTimeout(task.timeout_s))
-        exe.kill("executor killed: a chunk beside this one ran past its deadline")
+        exe.kill(FOR_A_NEIGHBOUR)
 
     async def _executor(self, key: ExecKey) -> ExecutorProcess:
         exe = self._procs.get(key) or self._adopt_spare(key)
@@ -190,13 +202,13 @@ class ExecutorPool:
             return
         for gpu in self.gpus:
             key = _spare_key(gpu.index)
-            if key not in self._procs and key not in self._starting:
+            # A spare never takes the room of a process that is (or may soon be) used.
+            if (
+                key not in self._procs
+                and key not in self._starting
+                and not self.room.full(gpu.index)
+            ):
                 self._start_task(key)
-
-    async def spares_ready(self) -> None:
-        """Wait until the spares being started are up (or failed: chunks start their own)."""
-        starting = [t for key, t in self._starting.items() if key[1:] == _SPARE]
-        await asyncio.gather(*starting, return_exceptions=True)
 
     def _adopt_spare(self, key: ExecKey) -> ExecutorProcess | None:
         # An idle process of the same tenant on this GPU first (a lease's own process whose
@@ -228,17 +240,19 @@ class ExecutorPool:
 
     async def _start(self, key: ExecKey) -> ExecutorProcess:
         gpu = self.gpus[key[0]]
-        # A per-lease process runs one chunk at a time; a shared one, one per slice of its GPU.
-        slots = 1 if key[2] and key[1:] != _SPARE else gpu.total_bytes // self.settings.slice_bytes
+        await self.room.reserve(key[0], lambda k: k in self._entering)
+        exe = None
         try:
             sandbox = self._containment.sandbox(key[1]) if key[1] else None
             exe = await ExecutorProcess.spawn(
-                key, gpu, self.settings.kernel_modules, self._exited, max(1, slots), sandbox
+                key, gpu, self.settings.kernel_modules, self._exited, self._slots(key), sandbox
             )
         except LookupError as exc:  # no uid left for this tenant: another node may have one
             raise ExecutorCrashed(str(exc)) from exc
         except OSError as exc:  # out of processes, files or memory: the node's fault
             raise ExecutorCrashed(f"executor process could not start: {exc}") from exc
+        finally:
+            self.room.started(key[0], exe)
         self._procs[key] = exe
         try:
             await asyncio.wait_for(asyncio.shield(exe.ready), START_PATIENCE_S)
@@ -248,16 +262,25 @@ class ExecutorPool:
         log.info("executor started key=%s pid=%d", key, exe.proc.pid)
         return exe
 
+    def _slots(self, key: ExecKey) -> int:
+        """Chunks a new process may run at once: its threads to start with it."""
+        slices = max(1, self.gpus[key[0]].total_bytes // self.settings.slice_bytes)
+        if key[2].startswith(LANE):
+            return -(-slices // self.layout.lanes)  # leases past the lanes share them
+        return 1 if key[2] and key[1:] != _SPARE else slices
+
     def _exited(self, exe: ExecutorProcess) -> None:
+        self.room.ended(exe)
         if self._procs.get(exe.key) is exe:
             del self._procs[exe.key]
 
-    def reap(self, live: set[ExecKey], now: float) -> int:
-        """Stop executors no lease has needed for `executor_idle_s`.
+    def reap(self, leases: set[str], now: float) -> int:
+        """Stop executors no lease (of the ids in `leases`) has needed for `executor_idle_s`.
 
-        A lease's own process whose lease has ended is kept idle for its tenant's next lease
-        on that GPU until then.
+        A lease's own process whose lease has ended, and a lane, are kept idle for the
+        tenant's next lease on that GPU until then.
         """
+        live = self.layout.live_keys(leases)
         stopped = 0
         for key, exe in list(self._procs.items()):
             if exe.tasks or key in live or key in self._entering or key[1:] == _SPARE:
@@ -265,11 +288,28 @@ class ExecutorPool:
             if now - exe.idle_since > self.settings.executor_idle_s:
                 exe.kill("idle: no lease needs it")
                 stopped += 1
-            elif key[2] and not key[2].startswith(_IDLE):
+            elif key[2] and not key[2].startswith((_IDLE, LANE, ALONE)):
                 del self._procs[key]
                 exe.key = (key[0], key[1], f"{_IDLE}{exe.proc.pid}")
                 self._procs[exe.key] = exe
         return stopped
+
+    async def probe(self) -> None:
+        """Start one executor the way tenants' executors start, wait for it, stop it.
+
+        Raises:
+            ExecutorCrashed: it did not start (or say ready within START_PATIENCE_S), e.g.
+                its uid may not run the interpreter: this node cannot run chunks.
+        """
+        self.keep_spares()
+        spares = [t for key, t in self._starting.items() if key[1:] == _SPARE]
+        if spares:  # the spares are the probe: they start as tenants' executors would
+            await asyncio.gather(*(asyncio.shield(t) for t in spares))
+            return
+        exe = await self._start((0, PROBE_TENANT, "probe"))
+        exe.kill("idle: the start-up probe is done")
+        if exe.reader is not None:
+            await exe.reader
 
     async def close(self) -> None:
         """Kill every executor (chunks still running fail as crashed) and wait for them."""

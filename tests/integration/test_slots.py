@@ -91,9 +91,11 @@ async def stored_results(
 async def test_eight_leases_run_eight_chunks_at_once(
     agent_factory: AgentFactory, fabric_factory: FabricFactory
 ) -> None:
-    # Given one node with 8 slices, and a fabric that leases all 8
+    # Given one node with 8 slices, and a fabric that leases all 8, after a first job (a
+    # function's leases each get a process, a lane: the first job waits for them to start)
     await agent_factory("n1", simulate="1x8GiB", allow_code=True)
     fabric = await fabric_factory()
+    await fabric.run(Job(timed_sleep, [0.01] * 8), Gather(), slices=8, timeout_s=30)
     # When 8 chunks of 0.25 s run
     result = await fabric.run(Job(timed_sleep, [0.25] * 8), Gather(), slices=8, timeout_s=30)
     # Then they ran at once: all started before any ended, and all within 0.6 s
@@ -157,8 +159,10 @@ async def test_hung_chunk_is_killed_at_its_deadline_and_retried_while_neighbours
     tmp_path: Path,
 ) -> None:
     # Given a node of 8 slices and a job with a 1.5 s deadline whose chunk 0 hangs once
+    # (after a first job has started the leases' processes: their start is not measured)
     await agent_factory("n1", simulate="2x4GiB", allow_code=True)
     fabric = await fabric_factory(ack_wait_s=5.0)
+    await fabric.run(Job(timed_sleep, [0.01] * 8), Gather(), slices=8, timeout_s=30)
     specs = [{"dir": str(tmp_path), "i": i, "hang": i == 0, "sleep_s": 0.05} for i in range(8)]
     job = Job(hang_once, specs, timeout_s=1.5, retry=FAST_RETRY)
     # When it runs

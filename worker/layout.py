@@ -1,0 +1,66 @@
+"""ExecutorLayout: which executor process each lease's chunks run in, by kind of work.
+
+Python functions hold the GIL while they compute, so each lease of a function gets a lane of
+its own: a process that runs that lease's chunks one after another and is kept for the
+tenant's next lease on that GPU. Built-in and CUDA kernels release the GIL while the device
+works, so all of a tenant's leases on a GPU share one process, a thread each (one CUDA
+context per tenant and GPU, not one per lease). A tenant has at most `lanes` lanes on a GPU;
+past that, leases share the least loaded lane. `isolation="process"` gives every lease a
+process of its own whatever it runs.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import attrs
+
+from vramfabric.broker.messages import Lease
+
+from .process import ExecKey
+
+# Third key field of a lane: a process per lease of a tenant's Python function.
+LANE = "lane"
+# Third key field of a process that narrows crash suspects: one chunk, then it is stopped.
+ALONE = "alone:"
+
+
+@attrs.define
+class ExecutorLayout:
+    """Maps leases to executor keys and remembers the mapping while the lease lives."""
+
+    isolation: str
+    lanes: int
+    _keys: dict[str, ExecKey] = attrs.field(factory=dict, init=False)
+
+    def key_of(self, lease: Lease, kind: str) -> ExecKey:
+        """The executor `lease`'s chunks of work `kind` (builtin, cuda, python) run in."""
+        key = self._keys.get(lease.lease_id)
+        if key is None:
+            if self.isolation == "process":
+                key = (lease.gpu, lease.tenant, lease.lease_id)
+            elif kind != "python":
+                key = (lease.gpu, lease.tenant, "")
+            else:
+                key = self._lane(lease)
+            self._keys[lease.lease_id] = key
+        return key
+
+    def _lane(self, lease: Lease) -> ExecKey:
+        load = collections.Counter(
+            key[2] for key in self._keys.values() if key[:2] == (lease.gpu, lease.tenant)
+        )
+        names = [f"{LANE}{n}" for n in range(self.lanes)]
+        free = [name for name in names if name not in load]
+        return (lease.gpu, lease.tenant, free[0] if free else min(names, key=load.__getitem__))
+
+    def live_keys(self, live: set[str]) -> set[ExecKey]:
+        """Forget leases not in `live`; the keys the live ones use."""
+        for lease_id in [i for i in self._keys if i not in live]:
+            del self._keys[lease_id]
+        return set(self._keys.values())
+
+
+def alone_key(lease: Lease) -> ExecKey:
+    """The key of a process that runs one suspect chunk of `lease` by itself."""
+    return (lease.gpu, lease.tenant, f"{ALONE}{lease.lease_id}")
