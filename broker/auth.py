@@ -107,7 +107,8 @@ def _worker_paths(s: Subjects, tenant: str, api: str = _API) -> list[tuple[str, 
         (f"{api}.CONSUMER.MSG.NEXT.{work}.*", True),
         (f"$JS.ACK.{work}.>", False),
         (s.result_filter(tenant), False),
-        (f"{api}.DIRECT.GET.{jobs}.{s.kv_subjects(s.jobs_bucket())}", False),
+        # Job specs only: `<tenant>.<job>` keys, not run records (`<tenant>.<job>.state`).
+        (f"{api}.DIRECT.GET.{jobs}.{s.kv_subject(s.jobs_bucket(), tenant)}.*", False),
         (f"{api}.DIRECT.GET.{kernels}", False),
         (f"{api}.DIRECT.GET.{kernels}.>", False),
         # Large outputs: the chunks and meta an object put publishes, the purge of the chunks
