@@ -4,12 +4,14 @@ nats-py's `js.publish` costs a request each (a reply future, a random token, a t
 `js.publish_async` never resolves a rejected publish (NATS_GUIDE.md, nats.py #985). Here
 every publish carries a reply subject under one inbox of our own; the PubAck (or the
 stream's error) resolves its future, and one timer sweeps the publishes whose PubAck is
-overdue. Futures end with the same nats-py exceptions `js.publish` raises, for `from_nats`.
+overdue. Futures end with the same nats-py exceptions `js.publish` raises, for `from_nats`,
+or with PermissionDenied as soon as the server refuses a publish (on a guarded connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -21,6 +23,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from .connection import GuardedClient
 from .errors import from_nats
 
 log = logging.getLogger(__name__)
@@ -71,8 +74,9 @@ class AckedPublisher:
         """Publish; the future gives True if the stream took it for a duplicate.
 
         The future fails with nats-py's exceptions: the stream's APIError, NoRespondersError
-        when no stream listens, TimeoutError when no PubAck came within `timeout_s`.
-        Raises the publish's own error (not connected, say) at once.
+        when no stream listens, TimeoutError when no PubAck came within `timeout_s`; or with
+        PermissionDenied when the server refuses this user the subject.
+        Raises the publish's own error (not connected, payload too large, say) at once.
         """
         token = str(next(self._ids))
         loop = asyncio.get_running_loop()
@@ -80,14 +84,37 @@ class AckedPublisher:
         self._pending[token] = (future, loop.time() + self.timeout_s)
         if self._sweep is None:
             self._sweep = loop.call_later(self.timeout_s / 4, self._expire)
+        if isinstance(self.nc, GuardedClient) and self.nc.guard:
+            self._guard(self.nc, subject, token, future)
         try:
             await self.nc.publish(
                 subject, payload, reply=f"{self._prefix}.{token}", headers=headers
             )
         except BaseException:
-            del self._pending[token]
+            self._pending.pop(token, None)
+            future.cancel()  # no one will await it; this also ends its guard
             raise
         return future
+
+    def _guard(
+        self, nc: GuardedClient, subject: str, token: str, future: asyncio.Future[bool]
+    ) -> None:
+        """Fail the publish with PermissionDenied as soon as the server refuses its subject.
+
+        A refused publish gets no PubAck, only an asynchronous error that the connection's
+        guard ties to the subject; without this it would wait out `timeout_s` and read as
+        a transient timeout.
+        """
+        watch = contextlib.ExitStack()
+        denied = watch.enter_context(nc._watch(subject))
+
+        def deny(waiter: asyncio.Future[None]) -> None:
+            error = None if waiter.cancelled() else waiter.exception()
+            if error is not None and self._pending.pop(token, None) is not None:
+                future.set_exception(error)
+
+        denied.add_done_callback(deny)
+        future.add_done_callback(lambda _f: watch.close())
 
     async def publish(
         self, subject: str, payload: bytes, headers: dict[str, str] | None = None

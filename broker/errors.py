@@ -36,6 +36,7 @@ class ErrorKind(enum.StrEnum):
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     CODE_REFUSED = "code_refused"
+    RESULT_REFUSED = "result_refused"
     ERROR = "error"
 
 
@@ -158,6 +159,16 @@ class CodeRefused(PermanentError):
     """A worker refused to run a job's Python code (no --allow-code, or another Python)."""
 
     kind = ErrorKind.CODE_REFUSED
+
+
+class ResultRefused(PermanentError):
+    """A chunk's result cannot be stored, for a reason retrying cannot fix (size, permission)."""
+
+    kind = ErrorKind.RESULT_REFUSED
+
+    def __init__(self, why: BaseException) -> None:
+        super().__init__(f"result not stored: {why}")
+        self.why = why
 
 
 class ResultAlreadyRecorded(VramfabricError):

@@ -22,9 +22,12 @@ from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
+    ErrorKind,
     InvalidMessage,
     LeaseExpired,
+    PermanentError,
     ResultAlreadyRecorded,
+    ResultRefused,
     TransientError,
     VramfabricError,
     from_nats,
@@ -145,6 +148,19 @@ class ChunkHandler:
             await self._publish_patiently(result, _delivery(msg)[1])
         except ResultAlreadyRecorded:
             self.metrics.results_duplicate_total.labels(tenant=self.spec.tenant).inc()
+        except PermanentError as exc:
+            # Retrying cannot store it: store a small failure naming why instead. If even that
+            # is refused (this node may not publish there), another node may store the chunk's.
+            log.error("result refused job=%s index=%d error=%s", self.job, result.index, exc)
+            if result.error_kind is ErrorKind.RESULT_REFUSED:
+                await quiet(msg.nak(delay=self.spec.retry.nak_delay_s(result.attempt)))
+                return
+            r = result
+            failed = self.runner.failed(
+                r.job, r.index, ResultRefused(exc), r.attempt, r.lease_id, r.started_at
+            )
+            await self._finish(msg, failed)
+            return
         except VramfabricError as exc:
             # The result did not reach the stream: leave the chunk for redelivery.
             log.warning(
