@@ -110,7 +110,8 @@ class Follower:
             return True
         # Messages on the server for us, or delivered but never handled (dropped, or a handler
         # stuck on one): resubscribing from the first unhandled one starts them again.
-        waiting = bool(info.num_pending) or (info.delivered.stream_seq or 0) >= self._next_seq
+        delivered = (info.delivered.stream_seq or 0) if info.delivered else 0
+        waiting = bool(info.num_pending) or delivered >= self._next_seq
         if waiting:
             log.warning(
                 "follower stalled subject=%s pending=%s handled=%d quiet_s=%.0f",

@@ -90,6 +90,11 @@ class Job:
         return isinstance(self.inputs, Iterator) or not isinstance(self.inputs, Sized)
 
     @property
+    def size(self) -> int | None:
+        """How many chunks the job has; None for a streamed job (known only once it ran)."""
+        return None if self.streamed else len(self.inputs)  # type: ignore[arg-type]
+
+    @property
     def encoded(self) -> list[bytes]:
         """Every input encoded, all in memory at once (for small jobs and tests)."""
         if self.streamed:
@@ -128,7 +133,7 @@ class Job:
         check_args(self.args)
         if self.streamed:
             return self._spec(settings, UNKNOWN_CHUNKS, "", self.job_id or self._random_id)
-        n = len(self.inputs)  # type: ignore[arg-type]
+        n = self.size
         if not n:
             raise ValueError("a job needs at least one chunk input")
         limit = self.input_limit(settings)
