@@ -106,7 +106,7 @@ class AckedPublisher:
         a transient timeout.
         """
         watch = contextlib.ExitStack()
-        denied = watch.enter_context(nc._watch(subject))
+        denied = watch.enter_context(nc.watch(subject))
 
         def deny(waiter: asyncio.Future[None]) -> None:
             error = None if waiter.cancelled() else waiter.exception()

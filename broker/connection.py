@@ -14,6 +14,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import attrs
 import nats.errors
@@ -61,7 +62,8 @@ class GuardedClient(Client):
         return failed
 
     @contextlib.contextmanager
-    def _watch(self, subject: str) -> Iterator[asyncio.Future[None]]:
+    def watch(self, subject: str) -> Iterator[asyncio.Future[None]]:
+        """A future that fails with PermissionDenied if the server refuses `subject` meanwhile."""
         key = subject.lower()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, set()).add(waiter)
@@ -88,7 +90,7 @@ class GuardedClient(Client):
         """Client.request, failing with PermissionDenied as soon as the server refuses it."""
         if not self.guard:
             return await super().request(subject, payload, timeout, old_style, headers)
-        with self._watch(subject) as denied:
+        with self.watch(subject) as denied:
             call = asyncio.ensure_future(
                 super().request(subject, payload, timeout, old_style, headers)
             )
@@ -108,7 +110,7 @@ class GuardedClient(Client):
         """Client.subscribe; on a guarded connection, PermissionDenied if the server refuses."""
         if not self.guard:
             return await super().subscribe(subject, *args, **kwargs)
-        with self._watch(subject) as denied:
+        with self.watch(subject) as denied:
             sub = await super().subscribe(subject, *args, **kwargs)
             try:
                 # nats-py writes a PING straight to the socket, ahead of commands still
@@ -229,7 +231,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
             raise PermissionDenied(
                 f"NATS at {settings.url} refused the credentials of {who or 'an anonymous client'}"
             ) from exc
-        err = _connect_error(settings, exc, errors)
+        err = await _connect_error(settings, exc, errors)
         if err is exc:
             raise  # not a NATS failure (a bug): surface it unchanged
         raise err from exc
@@ -264,15 +266,65 @@ def _credentials(settings: BrokerSettings) -> dict[str, Any]:
     return options
 
 
-def _connect_error(settings: BrokerSettings, exc: Exception, errors: list[str]) -> BaseException:
+async def _connect_error(
+    settings: BrokerSettings, exc: Exception, errors: list[str]
+) -> BaseException:
     """What a failed first connect raises: Disconnected for a blip, else the mapped error.
 
     The connect deadline ends in a timeout; the errors seen on the way say why (the last one
-    names the cause when nothing listens at the address).
+    names the cause when nothing listens at the address, or the host name is unknown). With
+    no error seen, something accepted the connection: a look at what it sends tells a slow
+    NATS server from another service.
     """
     err = from_nats(exc)
-    if isinstance(err, TransientError):
-        refused = bool(errors) and errors[-1].startswith("ConnectionRefusedError")
-        why = "connection refused (no server listens there)" if refused else str(err)
-        return Disconnected(f"cannot reach NATS at {settings.url}: {why}")
-    return err
+    if not isinstance(err, TransientError):
+        return err
+    last = errors[-1] if errors else ""
+    if last.startswith("ConnectionRefusedError"):
+        why = "connection refused (no server listens there)"
+    elif last.startswith("gaierror"):
+        why = "host name not found (check the host in VRAMFABRIC_NATS_URL)"
+    else:
+        why = await _not_nats(settings.servers[0]) or str(err)
+    return Disconnected(f"cannot reach NATS at {settings.url}: {why}")
+
+
+async def _not_nats(server: str, wait_s: float = 0.5) -> str | None:
+    """Why the service at `server` is not NATS, from its first bytes; None if it may be.
+
+    A NATS server greets with `INFO {...}` at once. Many services say nothing until asked,
+    so after `wait_s` of silence it is asked as HTTP would be (an HTTP server answers that).
+    """
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(parts.hostname, parts.port or 4222), wait_s
+        )
+    except (OSError, TimeoutError, ValueError):
+        return None
+    try:
+        first = await _first_bytes(reader, wait_s)
+        if not first:
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            first = await _first_bytes(reader, wait_s)
+    except OSError:
+        return None
+    finally:
+        writer.close()
+    if first.startswith(b"INFO"):
+        return None
+    if first.startswith(b"HTTP/"):
+        return (
+            "an HTTP server answers there, not NATS (NATS clients use port 4222 by default; "
+            "8222 is a NATS server's HTTP monitoring port)"
+        )
+    if first:
+        return f"something that is not NATS answers there (it sent {first[:32]!r}...)"
+    return "something accepts connections there but never greets like a NATS server (INFO)"
+
+
+async def _first_bytes(reader: asyncio.StreamReader, wait_s: float) -> bytes:
+    try:
+        return await asyncio.wait_for(reader.read(64), wait_s)
+    except TimeoutError:
+        return b""

@@ -186,6 +186,7 @@ def test_outcomes_that_are_neither_retried_nor_failed_at_once(cls: type) -> None
         (e.RetriesExhausted, ErrorKind.EXHAUSTED),
         (e.ResultAlreadyRecorded, ErrorKind.ERROR),
         (e.ServerError, ErrorKind.ERROR),
+        (e.ResultRefused, ErrorKind.RESULT_REFUSED),
     ],
 )
 def test_error_kind_per_class(cls: type[e.VramfabricError], kind: ErrorKind) -> None:
