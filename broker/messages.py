@@ -49,6 +49,8 @@ class GpuState:
     leased_bytes: int = attrs.field(validator=_ge0)
     slice_bytes: int = attrs.field(validator=_gt0)
     healthy: bool = True
+    # Why the GPU is unhealthy (NVML's ECC, retired pages or rows, XID, heat); empty if healthy.
+    problem: str = ""
 
     def free_slices(self, slice_bytes: int) -> int:
         """How many leases of `slice_bytes` this GPU could grant now."""

@@ -21,7 +21,7 @@ class CoordinatorSettings:
     tenant: str = attrs.field(default="default", validator=lambda _i, _a, v: token(v, "tenant"))
     slice_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.gt(0))
     lease_ttl_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(1.0))
-    placement: str = attrs.field(default="pack", validator=attrs.validators.in_(PLACEMENTS))
+    placement: str = attrs.field(default="spread", validator=attrs.validators.in_(PLACEMENTS))
     max_slices: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
     ack_wait_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     max_chunk_bytes: int = attrs.field(default=1_000_000, validator=attrs.validators.gt(0))
@@ -51,7 +51,7 @@ class CoordinatorSettings:
             tenant=environ.get("VRAMFABRIC_TENANT") or "default",
             slice_bytes=env_size(environ, "VRAMFABRIC_SLICE_BYTES", 512 * 2**20),
             lease_ttl_s=env_float(environ, "VRAMFABRIC_LEASE_TTL_S", 30.0),
-            placement=environ.get("VRAMFABRIC_PLACEMENT") or "pack",
+            placement=environ.get("VRAMFABRIC_PLACEMENT") or "spread",
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
             metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",

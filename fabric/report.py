@@ -119,6 +119,7 @@ def advert_dict(a: NodeAdvert) -> dict[str, Any]:
                 "free_bytes": g.free_bytes,
                 "leased_bytes": g.leased_bytes,
                 "healthy": g.healthy,
+                "problem": g.problem,
             }
             for g in a.gpus
         ],
@@ -190,7 +191,13 @@ def status_dict(adverts: list[NodeAdvert]) -> dict[str, Any]:
         "leased_bytes": sum(g.leased_bytes for a in adverts for g in a.gpus),
         "leases_by_tenant": tenants,
         "leases_by_job": leases_by_job,
-        "unhealthy_gpus": [f"{a.node}/{g.index}" for a in adverts for g in a.gpus if not g.healthy],
+        # `node/index` -> why (an older worker's unhealthy GPU says nothing: "unhealthy").
+        "unhealthy_gpus": {
+            f"{a.node}/{g.index}": g.problem or "unhealthy"
+            for a in adverts
+            for g in a.gpus
+            if not g.healthy
+        },
     }
 
 
@@ -207,15 +214,17 @@ def print_status(s: dict[str, Any]) -> None:
     for node in s["nodes"]:
         free = sum(g["free_bytes"] for g in node["gpus"])
         leased = sum(g["leased_bytes"] for g in node["gpus"])
+        sick = sum(1 for g in node["gpus"] if not g["healthy"])
         print(
             f"  {node['node']}: {len(node['gpus'])} GPU(s), {free / 2**30:.1f} GiB free, "
             f"{leased / 2**30:.1f} GiB leased"
+            + (f", {sick} unhealthy" if sick else "")
             + (f", executors {node['containment']}" if node["containment"] else "")
         )
     for key, n in sorted(s["leases_by_job"].items()):
         print(f"  leases of {key}: {n}")
-    if s["unhealthy_gpus"]:
-        print(f"  unhealthy GPUs: {', '.join(s['unhealthy_gpus'])}")
+    for gpu, problem in sorted(s["unhealthy_gpus"].items()):
+        print(f"  unhealthy GPU {gpu}: {problem} (takes no leases)")
     for r in s.get("tenants", ()):
         quota = "-" if r["quota_bytes"] is None else f"{r['quota_bytes'] / 2**30:.1f} GiB"
         print(

@@ -1,4 +1,4 @@
-"""Heartbeat: reap expired leases, then publish the node's advert on its subject and in KV."""
+"""Heartbeat: read GPU health, reap expired leases, then publish the node's advert."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from vramfabric.broker.errors import VramfabricError, nats_errors
 from vramfabric.broker.messages import Event, Lease, NodeAdvert
 from vramfabric.broker.subjects import Subjects
 
+from .health import NvmlProbe
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 
@@ -42,6 +43,11 @@ class Heartbeat:
     facts: Mapping[str, Any] = attrs.field(factory=dict)
     # Facts that change, read at each beat (the tenants this node saw waiting).
     live_facts: Callable[[], Mapping[str, Any]] = attrs.field(default=dict)
+    # NVML's view of the real GPUs (None when simulated): read at most once per heartbeat_s.
+    probe: NvmlProbe | None = attrs.field(
+        default=attrs.Factory(lambda self: NvmlProbe.open(self.ledger.gpus), takes_self=True)
+    )
+    _probed_at: float = attrs.field(default=float("-inf"), init=False)
     _poked: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _running: bool = attrs.field(default=True, init=False)
 
@@ -60,6 +66,13 @@ class Heartbeat:
 
     async def run(self) -> None:
         """Beat until stopped; a failed publish is logged and retried on the next beat."""
+        try:
+            await self._beat_until_stopped()
+        finally:
+            if self.probe is not None:
+                self.probe.close()
+
+    async def _beat_until_stopped(self) -> None:
         while self._running:
             try:
                 await self.beat()
@@ -73,9 +86,10 @@ class Heartbeat:
             self._poked.clear()
 
     async def beat(self) -> None:
-        """Reap, then publish one advert."""
+        """Read GPU health, reap, then publish one advert."""
+        drained = await self._check_health()
         expired = self.ledger.reap(time.monotonic())
-        self.on_beat(expired)
+        self.on_beat(drained + expired)
         if expired:
             log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
             await self._event("expired", expired[0].tenant, len(expired))
@@ -85,6 +99,29 @@ class Heartbeat:
         with nats_errors():
             await self.conn.nc.publish(self.subjects.node_advert(self.ledger.node), data)
             await self.kv.put(self.ledger.node, data)
+
+    async def _check_health(self) -> list[Lease]:
+        """Give the ledger NVML's readings; return the leases of GPUs that turned unhealthy."""
+        now = time.monotonic()
+        if self.probe is None or now - self._probed_at < self.heartbeat_s:
+            return []
+        self._probed_at = now
+        # In a thread: NVML calls block, and a failing GPU can make them slow.
+        readings = await asyncio.to_thread(self.probe.read)
+        before = {r.index: self.ledger.problem(r.index) for r in readings}
+        drained = self.ledger.observe(readings)
+        for r in readings:
+            if r.problem and not before[r.index]:
+                log.warning(
+                    "gpu unhealthy node=%s gpu=%d problem=%s leases_drained=%d",
+                    self.ledger.node,
+                    r.index,
+                    r.problem,
+                    sum(1 for lease in drained if lease.gpu == r.index),
+                )
+            elif before[r.index] and not r.problem:
+                log.info("gpu healthy again node=%s gpu=%d", self.ledger.node, r.index)
+        return drained
 
     async def goodbye(self) -> None:
         """Leave the fleet now: an advert with no GPUs for followers, and no KV entry."""

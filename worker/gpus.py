@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from typing import Any
 
 import attrs
 
@@ -43,46 +44,68 @@ def parse_simulate(spec: str) -> tuple[GpuSpec, ...]:
     return tuple(GpuSpec(i, SIMULATED_MODEL, size, simulated=True) for i in range(count))
 
 
-def discover_nvml() -> tuple[GpuSpec, ...]:
-    """The node's real GPUs through NVML; empty when pynvml or a driver is missing."""
+def open_nvml() -> Any | None:
+    """The initialised pynvml module, or None when pynvml or a driver is missing.
+
+    Every successful call must be paired with `nvml.nvmlShutdown()` (NVML counts them).
+    """
     try:
         import pynvml
     except ImportError:
-        return ()
+        return None
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError subclasses differ by driver state
+    except pynvml.NVMLError as exc:  # no driver, no device, a driver/library mismatch
         log.info("nvml unavailable error=%s", exc)
+        return None
+    return pynvml
+
+
+def discover_nvml(nvml: Any | None = None) -> tuple[GpuSpec, ...]:
+    """The node's real GPUs through NVML; empty when pynvml or a driver is missing.
+
+    `nvml` is an initialised pynvml-like module (tests pass a recorded fake); by default
+    pynvml is opened and shut down again here.
+    """
+    owned = nvml is None
+    nvml = open_nvml() if owned else nvml
+    if nvml is None:
         return ()
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            gpus.append(
-                GpuSpec(
-                    i,
-                    name if isinstance(name, str) else name.decode(),
-                    total,
-                    simulated=False,
-                    uuid=uuid if isinstance(uuid, str) else uuid.decode(),
-                    cpus=_local_cpus(pynvml, handle),
-                )
-            )
-        return tuple(gpus)
+        return tuple(_spec(nvml, i) for i in range(nvml.nvmlDeviceGetCount()))
     finally:
-        pynvml.nvmlShutdown()
+        if owned:
+            nvml.nvmlShutdown()
 
 
-def _local_cpus(pynvml: object, handle: object) -> tuple[int, ...]:
-    """The cores NVML calls close to the GPU, within this process's allowed set."""
+def text(value: str | bytes) -> str:
+    """An NVML string: older pynvml releases return bytes."""
+    return value if isinstance(value, str) else value.decode()
+
+
+def _spec(nvml: Any, index: int) -> GpuSpec:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    return GpuSpec(
+        index,
+        text(nvml.nvmlDeviceGetName(handle)),
+        int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+        simulated=False,
+        uuid=text(nvml.nvmlDeviceGetUUID(handle)),
+        cpus=local_cpus(nvml, handle),
+    )
+
+
+def local_cpus(nvml: Any, handle: Any) -> tuple[int, ...]:
+    """The cores NVML calls close to the GPU, within this process's allowed set.
+
+    Empty when NVML cannot say (NVMLError_NotSupported on some boards and in containers):
+    an executor then runs unpinned.
+    """
     allowed = os.sched_getaffinity(0)
     words = (max(allowed) // 64) + 1
     try:
-        masks = pynvml.nvmlDeviceGetCpuAffinity(handle, words)  # type: ignore[attr-defined]
-    except Exception as exc:  # NVMLError_NotSupported on some boards and in containers
+        masks = nvml.nvmlDeviceGetCpuAffinity(handle, words)
+    except nvml.NVMLError as exc:
         log.info("no cpu affinity from nvml error=%s", exc)
         return ()
     cpus = {w * 64 + b for w, mask in enumerate(masks) for b in range(64) if mask >> b & 1}

@@ -8,6 +8,7 @@ idle again (`vacate`): until then no other lease can be granted on that memory.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 
@@ -25,6 +26,7 @@ from vramfabric.broker.messages import (
 )
 
 from .gpus import GpuSpec
+from .health import GpuReading
 
 
 @attrs.define
@@ -45,7 +47,12 @@ class SliceLedger:
     _requests: dict[str, tuple[str, tuple[str, ...]]] = attrs.field(factory=dict, init=False)
     # request_id -> how many of its leases are still held (O(1) forgetting on release).
     _held_of_request: dict[str, int] = attrs.field(factory=dict, init=False)
-    _unhealthy: set[int] = attrs.field(factory=set, init=False)
+    # GPU index -> why it is unhealthy (absent: healthy).
+    _problems: dict[int, str] = attrs.field(factory=dict, init=False)
+    # GPU index -> (NVML's free memory at the last reading, bytes leased there then); absent
+    # when not measured (a simulated GPU). NVML cannot see a lease whose chunk has not yet
+    # allocated, so what was leased since the reading comes off its figure.
+    _device_free: dict[int, tuple[int, int]] = attrs.field(factory=dict, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
     # Monotonic expiry per lease id.
@@ -53,13 +60,19 @@ class SliceLedger:
     # Leases whose slot runs a chunk now, and those of them already released or expired.
     _busy: set[str] = attrs.field(factory=set, init=False)
     _retiring: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    _total_bytes: dict[int, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._total_bytes = {g.index: g.total_bytes for g in self.gpus}
 
     def grant(
         self, req: LeaseRequest, tenant: str, now: float, wall: float | None = None
     ) -> LeaseGrant:
-        """Grant up to `req.count` slices, filling one GPU before the next (pack).
+        """Grant up to `req.count` slices, each on the healthy GPU with the most free memory.
 
-        `now` is the monotonic clock; `wall` (default `now`) the unix time for `expires_at`.
+        Spreading keeps the node's leases (and their chunks' memory bandwidth) over all its
+        GPUs. `now` is the monotonic clock; `wall` (default `now`) the unix time for
+        `expires_at`.
         """
         owner, ids = self._requests.get(req.request_id, (tenant, ()))
         if owner != tenant:
@@ -72,27 +85,21 @@ class SliceLedger:
         ttl_s = min(req.ttl_s, self.max_ttl_s)
         expires_at = (now if wall is None else wall) + ttl_s
         granted: list[Lease] = []
-        for gpu in self.gpus:
-            if gpu.index in self._unhealthy:
-                continue
-            fits = (gpu.total_bytes - self._used.get(gpu.index, 0)) // need
-            for _ in range(min(fits, req.count - len(granted))):
-                lease = Lease(
-                    lease_id=f"{req.request_id}-{len(granted)}",
-                    node=self.node,
-                    gpu=gpu.index,
-                    slice_bytes=need,
-                    job=req.job,
-                    tenant=tenant,
-                    expires_at=expires_at,
-                )
-                self._leases[lease.lease_id] = lease
-                self._deadline[lease.lease_id] = now + ttl_s
-                self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
-                self._used[gpu.index] = self._used.get(gpu.index, 0) + need
-                granted.append(lease)
-            if len(granted) == req.count:
-                break
+        for gpu in self._spread(need, req.count):
+            lease = Lease(
+                lease_id=f"{req.request_id}-{len(granted)}",
+                node=self.node,
+                gpu=gpu,
+                slice_bytes=need,
+                job=req.job,
+                tenant=tenant,
+                expires_at=expires_at,
+            )
+            self._leases[lease.lease_id] = lease
+            self._deadline[lease.lease_id] = now + ttl_s
+            self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
+            self._used[gpu] = self._used.get(gpu, 0) + need
+            granted.append(lease)
         if not granted:
             return LeaseGrant(
                 node=self.node, leases=(), denied=f"no free slice of {need} bytes on {self.node}"
@@ -100,6 +107,31 @@ class SliceLedger:
         self._requests[req.request_id] = (tenant, tuple(lease.lease_id for lease in granted))
         self._held_of_request[req.request_id] = len(granted)
         return LeaseGrant(node=self.node, leases=tuple(granted))
+
+    def _spread(self, need: int, count: int) -> list[int]:
+        """The GPU of each of up to `count` new slices of `need` bytes: most free first."""
+        # Ties go to the lower index, so a fresh node's grants are deterministic.
+        heap = [(-self.free_bytes(g.index), g.index) for g in self.gpus]
+        heap = [(free, i) for free, i in heap if i not in self._problems and -free >= need]
+        heapq.heapify(heap)
+        out: list[int] = []
+        while heap and len(out) < count:
+            free, index = heap[0]
+            out.append(index)
+            if -free - need >= need:
+                heapq.heapreplace(heap, (free + need, index))
+            else:
+                heapq.heappop(heap)
+        return out
+
+    def free_bytes(self, gpu: int) -> int:
+        """VRAM a new lease could take on a GPU: the ledger's, capped at NVML's free."""
+        used = self._used.get(gpu, 0)
+        free = self._total_bytes[gpu] - used
+        if gpu not in self._device_free:
+            return free
+        device_free, used_then = self._device_free[gpu]
+        return max(0, min(free, device_free - max(0, used - used_then)))
 
     def renew(
         self,
@@ -203,9 +235,31 @@ class SliceLedger:
         """The lease with that id, if held."""
         return self._leases.get(lease_id)
 
-    def set_healthy(self, gpu: int, healthy: bool) -> None:
-        """Mark a GPU (un)healthy; an unhealthy GPU grants nothing new."""
-        (self._unhealthy.discard if healthy else self._unhealthy.add)(gpu)
+    def observe(self, readings: Iterable[GpuReading]) -> list[Lease]:
+        """Take in NVML's readings; drain GPUs that turned unhealthy and return their leases.
+
+        A drained lease ends at once like an expired one (renewals call it unknown, and no
+        new chunk starts on it); a chunk running on it finishes and then frees its VRAM.
+        """
+        drained: list[Lease] = []
+        for r in readings:
+            if r.free_bytes is None:
+                self._device_free.pop(r.index, None)
+            else:
+                self._device_free[r.index] = (r.free_bytes, self._used.get(r.index, 0))
+            if not r.problem:
+                self._problems.pop(r.index, None)
+                continue
+            if r.index not in self._problems:
+                drained += [lease for lease in self._leases.values() if lease.gpu == r.index]
+            self._problems[r.index] = r.problem
+        for lease in drained:
+            self._drop(lease)
+        return drained
+
+    def problem(self, gpu: int) -> str:
+        """Why the GPU is unhealthy; empty when it is healthy (it then takes leases)."""
+        return self._problems.get(gpu, "")
 
     @property
     def leased_bytes(self) -> int:
@@ -227,10 +281,11 @@ class SliceLedger:
                 index=g.index,
                 model=g.model,
                 total_bytes=g.total_bytes,
-                free_bytes=g.total_bytes - self._used.get(g.index, 0),
+                free_bytes=self.free_bytes(g.index),
                 leased_bytes=self._used.get(g.index, 0),
                 slice_bytes=self.granule_bytes,
-                healthy=g.index not in self._unhealthy,
+                healthy=g.index not in self._problems,
+                problem=self.problem(g.index),
             )
             for g in self.gpus
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from vramfabric.broker import codec
 from vramfabric.broker.messages import LeaseRequest, NodeAdvert
 from vramfabric.worker.gpus import GpuSpec
+from vramfabric.worker.health import GpuReading
 from vramfabric.worker.ledger import SliceLedger
 
 GiB = 2**30
@@ -29,17 +30,34 @@ def req(
     )
 
 
-def test_grant_fills_gpu_zero_before_the_next() -> None:
+def test_grant_spreads_slices_over_gpus() -> None:
     # Given two 4 GiB GPUs
     ledger = make_ledger(4, 4)
     # When three 1 GiB slices are asked for
     grant = ledger.grant(req(count=3), "acme", T0)
-    # Then all land on GPU 0
-    assert [lease.gpu for lease in grant.leases] == [0, 0, 0]
+    # Then they alternate, the lower index first on a tie
+    assert [lease.gpu for lease in grant.leases] == [0, 1, 0]
     assert grant.denied is None
-    # And the next request tops GPU 0 up before opening GPU 1
+    # And the next request starts on the GPU with more free memory
     more = ledger.grant(req("r2", count=3), "acme", T0)
-    assert [lease.gpu for lease in more.leases] == [0, 1, 1]
+    assert [lease.gpu for lease in more.leases] == [1, 0, 1]
+
+
+def test_grant_goes_to_the_gpu_with_most_free_memory_first() -> None:
+    # Given GPUs of 2, 8 and 4 GiB
+    ledger = make_ledger(2, 8, 4)
+    # When seven 1 GiB slices are asked for
+    grant = ledger.grant(req(count=7), "acme", T0)
+    # Then the 8 GiB GPU takes slices until it is level with the next, and so on
+    assert [lease.gpu for lease in grant.leases] == [1, 1, 1, 1, 1, 2, 1]
+    assert [g.free_bytes // GiB for g in ledger.advert(T0).gpus] == [2, 2, 3]
+
+
+def test_a_node_of_four_gpus_spreads_250_leases_over_all_four() -> None:
+    ledger = make_ledger(48, 48, 48, 48, granule=GiB // 8)
+    grant = ledger.grant(req(count=250, slice_bytes=GiB // 8), "acme", T0)
+    by_gpu = [sum(1 for lease in grant.leases if lease.gpu == i) for i in range(4)]
+    assert by_gpu == [63, 63, 62, 62]
 
 
 def test_granted_leases_describe_the_request() -> None:
@@ -270,24 +288,69 @@ def test_expired_but_unreaped_lease_is_not_live() -> None:
     assert not ledger.is_live("r1-0", T0 + 10)
 
 
-def test_unhealthy_gpu_grants_nothing() -> None:
-    # Given GPU 0 marked unhealthy
+def test_unhealthy_gpu_grants_nothing_and_says_why() -> None:
+    # Given GPU 0 reported with an uncorrected ECC error
     ledger = make_ledger(4, 4)
-    ledger.set_healthy(0, False)
+    ledger.observe([GpuReading(0, problem="2 uncorrected ECC errors"), GpuReading(1)])
     # Then grants skip it
     grant = ledger.grant(req(count=6), "acme", T0)
     assert [lease.gpu for lease in grant.leases] == [1, 1, 1, 1]
+    # And its advert says it is unhealthy, and why
     advert = ledger.advert(T0)
-    assert [g.healthy for g in advert.gpus] == [False, True]
+    assert [(g.healthy, g.problem) for g in advert.gpus] == [
+        (False, "2 uncorrected ECC errors"),
+        (True, ""),
+    ]
     assert advert.free_slices(GiB) == 0
+    assert codec.decode(NodeAdvert, codec.encode(advert)) == advert
 
 
 def test_all_gpus_unhealthy_denies_and_recovery_grants_again() -> None:
     ledger = make_ledger(4)
-    ledger.set_healthy(0, False)
+    ledger.observe([GpuReading(0, problem="xid 79")])
     assert ledger.grant(req("r1"), "acme", T0).denied
-    ledger.set_healthy(0, True)
+    assert ledger.problem(0) == "xid 79"
+    ledger.observe([GpuReading(0)])
+    assert ledger.problem(0) == ""
     assert len(ledger.grant(req("r2"), "acme", T0).leases) == 1
+
+
+def test_a_gpu_turning_unhealthy_drains_its_leases() -> None:
+    # Given two leases on each of two GPUs, one of GPU 0's running a chunk
+    ledger = make_ledger(4, 4)
+    leases = ledger.grant(req(count=4), "acme", T0).leases
+    on_0 = [lease for lease in leases if lease.gpu == 0]
+    ledger.occupy(on_0[0].lease_id)
+    # When GPU 0 turns unhealthy
+    drained = ledger.observe([GpuReading(0, problem="xid 48"), GpuReading(1)])
+    # Then its leases end at once and are returned (the agent wakes their jobs' pullers)
+    assert sorted(lease.lease_id for lease in drained) == sorted(x.lease_id for x in on_0)
+    assert all(ledger.get(lease.lease_id) is None for lease in on_0)
+    # And renewing them finds them unknown, while GPU 1's are renewed
+    reply = ledger.renew([x.lease_id for x in leases], "acme", 30.0, T0 + 1)
+    assert sorted(reply.unknown) == sorted(x.lease_id for x in on_0)
+    assert len(reply.expires_at) == 2
+    # And the running chunk's VRAM is held until its slot is idle
+    assert ledger.advert(T0).gpus[0].leased_bytes == GiB
+    ledger.vacate(on_0[0].lease_id)
+    assert ledger.advert(T0).gpus[0].leased_bytes == 0
+    # And a later reading with the same problem drains nothing more
+    assert ledger.observe([GpuReading(0, problem="xid 48")]) == []
+
+
+def test_nvml_free_memory_caps_what_is_advertised_and_granted() -> None:
+    # Given a 4 GiB GPU where NVML sees only 2 GiB free (another process holds the rest)
+    ledger = make_ledger(4, 4)
+    ledger.observe([GpuReading(0, free_bytes=2 * GiB), GpuReading(1, free_bytes=4 * GiB)])
+    # Then the advert shows the smaller of NVML's and the ledger's free memory
+    assert [g.free_bytes for g in ledger.advert(T0).gpus] == [2 * GiB, 4 * GiB]
+    # And grants count only that: what is leased after the reading comes off NVML's figure
+    grant = ledger.grant(req(count=8), "acme", T0)
+    assert sorted(lease.gpu for lease in grant.leases) == [0, 0, 1, 1, 1, 1]
+    assert [g.free_bytes for g in ledger.advert(T0).gpus] == [0, 0]
+    # And a GPU NVML cannot measure falls back to the ledger's own count
+    ledger.observe([GpuReading(0, free_bytes=None)])
+    assert ledger.free_bytes(0) == 2 * GiB
 
 
 def test_advert_shows_per_gpu_state_and_per_tenant_usage() -> None:
@@ -299,12 +362,18 @@ def test_advert_shows_per_gpu_state_and_per_tenant_usage() -> None:
     assert (advert.node, advert.sent_at) == ("n1", T0 + 1)
     assert advert.tenants == {"acme": 5 * GiB, "beta": 4 * GiB}
     g0, g1 = advert.gpus
-    assert (g0.index, g0.total_bytes, g0.free_bytes, g0.leased_bytes) == (0, 4 * GiB, 0, 4 * GiB)
+    # Spread by free memory: 1 + 1 GiB leases on GPU 0; 4 + 2 on GPU 1
+    assert (g0.index, g0.total_bytes, g0.free_bytes, g0.leased_bytes) == (
+        0,
+        4 * GiB,
+        1 * GiB,
+        3 * GiB,
+    )
     assert (g1.index, g1.total_bytes, g1.free_bytes, g1.leased_bytes) == (
         1,
         8 * GiB,
-        3 * GiB,
-        5 * GiB,
+        2 * GiB,
+        6 * GiB,
     )
     assert g0.slice_bytes == g1.slice_bytes == GiB
     assert g0.model == "sim"

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from vramfabric.broker.messages import GpuState, NodeAdvert
+from vramfabric.broker.messages import GpuState, LeaseRequest, NodeAdvert
 from vramfabric.coordinator.placement import plan
+from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.worker.gpus import parse_simulate
+from vramfabric.worker.ledger import SliceLedger
 
 S = 2**30  # slice size and granule
 
@@ -46,20 +51,25 @@ def test_pack_breaks_ties_by_node_name() -> None:
     assert plan(fleet, S, 3, "pack") == [("b", 2), ("m", 1)]
 
 
-def test_pack_is_the_default_policy() -> None:
-    assert plan(FLEET, S, 4) == plan(FLEET, S, 4, "pack")
+def test_spread_is_the_default_policy() -> None:
+    assert plan(FLEET, S, 4) == plan(FLEET, S, 4, "spread")
+    assert CoordinatorSettings().placement == "spread"
 
 
-def test_spread_deals_round_robin_from_the_most_free_node() -> None:
-    # Three leases: one per node
+def test_spread_gives_each_lease_to_the_gpu_with_most_free_slices() -> None:
+    # GPUs: a/0 = 2, b/0 = 3, b/1 = 2, c/0 = 3 free slices
+    # Three leases: b/0 and c/0 (3 each), then the four GPUs tie at 2 and a/0 comes first
     assert sorted(plan(FLEET, S, 3, "spread")) == [("a", 1), ("b", 1), ("c", 1)]
-    # Two leases: the two nodes with most free slices
+    # Two leases: the two GPUs with most free slices
     assert sorted(plan(FLEET, S, 2, "spread")) == [("b", 1), ("c", 1)]
 
 
-def test_spread_skips_nodes_once_they_are_full() -> None:
-    # b, c, a, b, c, a (a full), b, c (c full), b
-    assert dict(plan(FLEET, S, 9, "spread")) == {"a": 2, "b": 4, "c": 3}
+def test_spread_counts_gpus_not_nodes() -> None:
+    # Nine of ten: every GPU down to 1 free (6 leases), then one each to a/0, b/0, b/1
+    assert dict(plan(FLEET, S, 9, "spread")) == {"a": 2, "b": 5, "c": 2}
+    # A node with eight GPUs takes eight times the share of a node with one
+    fleet = [advert("big", *[10] * 8), advert("small", 10)]
+    assert dict(plan(fleet, S, 90, "spread")) == {"big": 80, "small": 10}
 
 
 def test_spread_takes_everything_when_wanted_exceeds_capacity() -> None:
@@ -105,3 +115,43 @@ def test_unknown_policy_raises() -> None:
         plan(FLEET, S, 3, "random")
     with pytest.raises(ValueError, match="unknown placement policy"):
         plan([], S, 3, "random")
+
+
+def simulated_fleet(n_nodes: int, spec: str) -> dict[str, SliceLedger]:
+    """Node ledgers as simulated workers build them (512 MiB granule, the default slice)."""
+    granule = CoordinatorSettings().slice_bytes
+    return {f"n{i}": SliceLedger(f"n{i}", parse_simulate(spec), granule) for i in range(n_nodes)}
+
+
+def lease_fleet(ledgers: dict[str, SliceLedger], wanted: int, policy: str) -> set[tuple[str, int]]:
+    """Plan from the nodes' adverts, have each node grant its share; the GPUs that got leases."""
+    slice_bytes = CoordinatorSettings().slice_bytes
+    adverts = [ledger.advert(0.0) for ledger in ledgers.values()]
+    used: set[tuple[str, int]] = set()
+    for node, count in plan(adverts, slice_bytes, wanted, policy):
+        req = LeaseRequest(uuid.uuid4().hex[:12], "j1", count, slice_bytes, 30.0)
+        grant = ledgers[node].grant(req, "acme", 0.0)
+        assert len(grant.leases) == count
+        used |= {(node, lease.gpu) for lease in grant.leases}
+    return used
+
+
+def test_a_1000_lease_job_on_4_nodes_of_4_gpus_lands_on_all_16_gpus() -> None:
+    # Given four simulated nodes of four 48 GiB GPUs (96 slices of 512 MiB each)
+    ledgers = simulated_fleet(4, "4x48GiB")
+    # When a job asks for 1000 leases with the default placement
+    used = lease_fleet(ledgers, 1000, CoordinatorSettings().placement)
+    # Then every GPU of every node holds some: 1000 / 16 = 62.5, so 62 or 63 each
+    assert used == {(node, gpu) for node in ledgers for gpu in range(4)}
+    slice_bytes = CoordinatorSettings().slice_bytes
+    per_gpu = [g.leased_bytes // slice_bytes for x in ledgers.values() for g in x.advert(0).gpus]
+    assert sum(per_gpu) == 1000
+    assert set(per_gpu) == {62, 63}
+
+
+def test_pack_stays_available_and_fills_whole_nodes_first() -> None:
+    # Given the same fleet, When 1000 leases are packed
+    ledgers = simulated_fleet(4, "4x48GiB")
+    used = lease_fleet(ledgers, 1000, "pack")
+    # Then three nodes take them (384 + 384 + 232) and the fourth stays free
+    assert {node for node, _ in used} == {"n0", "n1", "n2"}

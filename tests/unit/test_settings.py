@@ -188,7 +188,7 @@ def test_coordinator_defaults_from_an_empty_environment() -> None:
         "default",
         512 * 2**20,
         30.0,
-        "pack",
+        "spread",
     )
     assert (s.max_slices, s.ack_wait_s) == (1000, 30.0)
 
@@ -198,12 +198,12 @@ def test_coordinator_overrides() -> None:
         "VRAMFABRIC_TENANT": "acme",
         "VRAMFABRIC_SLICE_BYTES": "1048576",
         "VRAMFABRIC_LEASE_TTL_S": "12.5",
-        "VRAMFABRIC_PLACEMENT": "spread",
+        "VRAMFABRIC_PLACEMENT": "pack",
         "VRAMFABRIC_MAX_SLICES": "64",
         "VRAMFABRIC_ACK_WAIT_S": "5",
     }
     s = CoordinatorSettings.from_env(env)
-    assert (s.tenant, s.slice_bytes, s.lease_ttl_s, s.placement) == ("acme", 2**20, 12.5, "spread")
+    assert (s.tenant, s.slice_bytes, s.lease_ttl_s, s.placement) == ("acme", 2**20, 12.5, "pack")
     assert (s.max_slices, s.ack_wait_s) == (64, 5.0)
 
 
