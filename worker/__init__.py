@@ -1,11 +1,31 @@
-"""The node agent: GPU discovery, slice ledger, adverts, lease service and chunk execution."""
+"""The node agent: GPU discovery, slice ledger, adverts, lease service and chunk execution.
 
-from vramfabric.broker.settings import parse_size
+The names below load on first use: an executor process imports `vramfabric.worker.executor`,
+and must not pay for the agent (NATS client, metrics, every module of the node) to start.
+"""
 
-from .agent import Agent, discover
-from .gpus import GpuSpec, parse_simulate
-from .ledger import SliceLedger
-from .settings import WorkerSettings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramfabric.broker.settings import parse_size
+
+    from .agent import Agent, discover
+    from .gpus import GpuSpec, parse_simulate
+    from .ledger import SliceLedger
+    from .settings import WorkerSettings
+
+_WHERE = {
+    "Agent": ".agent",
+    "discover": ".agent",
+    "GpuSpec": ".gpus",
+    "parse_simulate": ".gpus",
+    "SliceLedger": ".ledger",
+    "WorkerSettings": ".settings",
+    "parse_size": "vramfabric.broker.settings",
+}
 
 __all__ = [
     "Agent",
@@ -16,3 +36,11 @@ __all__ = [
     "parse_simulate",
     "parse_size",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first asked for."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where, __name__), name)
