@@ -227,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric run: {problem}")
         return RET_USAGE
-    with progress_bar(not args.json, len(spec.job.inputs)) as progress:
+    with progress_bar(not args.json, spec.job.size or 0) as progress:
         result = asyncio.run(_run(spec, progress, args))
     summary = report(result)
     if args.json:
