@@ -1,6 +1,14 @@
 """Built-in kernels and the registry type; no global registry is mutated at import."""
 
-from .cuda import ArgSpec, CudaKernel, KernelCompileError, ModuleCache, NoReference
+from .cuda import (
+    ArgSpec,
+    CudaKernel,
+    CudaSourceError,
+    HostUnsupported,
+    KernelCompileError,
+    ModuleCache,
+    NoReference,
+)
 from .hyperparam import HYPERPARAM_EVAL
 from .kernel import Kernel, KernelArgumentError
 from .registry import KernelMissing, Registry
@@ -18,6 +26,8 @@ __all__ = [
     "HYPERPARAM_EVAL",
     "ArgSpec",
     "CudaKernel",
+    "CudaSourceError",
+    "HostUnsupported",
     "Kernel",
     "KernelArgumentError",
     "KernelCompileError",

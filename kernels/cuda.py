@@ -26,11 +26,17 @@ from .code import dumps_by_value, python_version
 from .cuda_checks import IN_BYTES, SCALAR_TYPES, ArgSpec, arg_specs, dim3, validate
 from .cuda_compile import LAUNCH_REFUSED, KernelCompileError, ModuleCache
 from .cuda_reference import PickledReference, Reference
+from .host import launcher, run_host
+from .host_build import HostUnsupported
 from .kernel import KernelArgumentError
+from .nvrtc import CudaSourceError, check_source
+from .settings import CudaSettings
 
 __all__ = [
     "ArgSpec",
     "CudaKernel",
+    "CudaSourceError",
+    "HostUnsupported",
     "KernelCompileError",
     "ModuleCache",
     "NoReference",
@@ -73,9 +79,14 @@ class CudaKernel:
     shared_mem_bytes: int = 0
     reference: Reference | None = None
     _blob: list[bytes] = attrs.field(init=False, factory=list, eq=False, repr=False)
+    _host: list[Any] = attrs.field(init=False, factory=list, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         validate(self)
+        if self.source:
+            # Here rather than at submission: whoever builds the kernel (a Job, a JOB.toml,
+            # a worker reading a blob) learns of a compile error before any chunk runs.
+            check_source(self.name, self.source, self.entry, CudaSettings.from_env().archs)
 
     @property
     def digest(self) -> str:
@@ -143,6 +154,22 @@ class CudaKernel:
             )
         # Padded like the GPU's zeroed `out` buffer, so both give the same bytes.
         return out.ljust(self.max_output_bytes, b"\0")
+
+    def run_host(self, data: bytes) -> bytes:
+        """Run the CUDA source on the CPU (host.py); a PTX kernel runs its reference instead.
+
+        Raises:
+            HostUnsupported: the source uses a CUDA feature the host path lacks.
+            KernelCompileError: it did not build for the host (g++ missing, or an error).
+            KernelArgumentError: the input is too large.
+            NoReference: a PTX kernel without a reference.
+        """
+        if not self.source:
+            return self.run_reference(np, data)
+        if not self._host:
+            # Built once per kernel object: scanning and hashing the source per chunk is slow.
+            self._host.append(launcher(self))
+        return run_host(self, data, self._host[0])
 
     def launch(self, cupy: ModuleType, data: bytes, modules: ModuleCache) -> bytes:
         """Run on the current device and stream, then return the whole `out` buffer.

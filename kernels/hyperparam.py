@@ -4,6 +4,10 @@ One chunk is one configuration (learning rate, batch size, dropout) packed as `<
 output is the float32 validation loss. The data, the step count and the dropout masks are
 fixed, so a configuration gives the same loss on every node. Dropout masks come from a fixed
 uniform table (not a per-call RNG) so a CUDA port can reproduce them bit for bit.
+
+`cuda_kernel()` is the same computation as CUDA source (hyperparam.cu, with the data set
+prepended as float bit patterns), a CudaKernel that GPUs launch and simulated GPUs run on
+the host path. It is built on first call: building it compile-checks 600 KB of source.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import functools
 import struct
 import threading
 from collections.abc import Mapping
+from importlib import resources
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .cuda import CudaKernel
 from .kernel import Kernel
 
 _CONFIG = struct.Struct("<fif")
@@ -106,3 +112,40 @@ HYPERPARAM_EVAL = Kernel(
     workspace_bytes=(N_TRAIN + N_VAL) * (N_FEATURES + 1) * 4 + N_STEPS * N_FEATURES * 4,
     output_dtype="float32",
 )
+
+
+# One block per configuration; hyperparam.cu's reduction is written for this block size.
+CUDA_BLOCK = 128
+
+
+@functools.cache
+def cuda_kernel() -> CudaKernel:
+    """hyperparam_eval as a CudaKernel: hyperparam.cu with the data set as device arrays."""
+    return CudaKernel(
+        name="hyperparam_eval_cuda",
+        entry="hyperparam_eval",
+        grid=(1,),
+        block=(CUDA_BLOCK,),
+        args=("in", "out", "in_bytes"),
+        max_output_bytes=4,
+        max_input_bytes=_CONFIG.size,
+        source=_data_source() + (resources.files(__package__) / "hyperparam.cu").read_text(),
+    )
+
+
+def _data_source() -> str:
+    x_train, y_train, x_val, y_val, uniforms = dataset()
+    arrays = {
+        "vf_x": np.concatenate([x_train, x_val]),
+        "vf_y": np.concatenate([y_train, y_val]),
+        "vf_u": uniforms,
+    }
+    # Bit patterns, not decimal text: the device reads exactly the reference's float32s.
+    return "".join(
+        f"__device__ const unsigned {name}[{a.size}] = {{{_hex_words(a)}}};\n"
+        for name, a in arrays.items()
+    )
+
+
+def _hex_words(array: np.ndarray) -> str:
+    return ",".join(f"0x{w:08x}u" for w in array.ravel().view(np.uint32).tolist())

@@ -142,7 +142,8 @@ def test_args_that_do_not_fit_the_entry_signature_are_rejected(
         # a typedef'd pointer: unknown type, so not checked
         'typedef float* fp;\nextern "C" __global__ void saxpy(fp x, fp y, float a, size_t n) {}',
         # template arguments: the signature is not read at all
-        "template <typename T> __global__ void saxpy(Pair<T, int> p) {}",
+        "template <typename T, typename U> struct Pair { T t; U u; };\n"
+        'extern "C" __global__ void saxpy(Pair<float*, int> p) {}',
         # the entry is produced by a macro
         '#define K(name) extern "C" __global__ void name(float* x)\nK(saxpy) {}',
     ],

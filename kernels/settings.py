@@ -1,0 +1,58 @@
+"""CudaSettings: where CUDA sources are checked and run without a GPU, read from the environment.
+
+`VRAMFABRIC_CUDA_ARCHS` (default `sm_80,sm_90`) lists the architectures NVRTC compiles every
+CUDA kernel for; `VRAMFABRIC_HOST_CACHE` is the folder of the host path's compiled libraries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+_ARCH = re.compile(r"sm_\d{2,3}[a-z]?")
+
+
+def parse_archs(text: str) -> tuple[str, ...]:
+    """`"sm_80,sm_90"` -> ("sm_80", "sm_90").
+
+    Raises:
+        ValueError: empty, or a name that is not `sm_NN`.
+    """
+    archs = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in archs if not _ARCH.fullmatch(a)]
+    if not archs or bad:
+        raise ValueError(f"CUDA architectures must be like sm_80,sm_90; got {text!r}")
+    return archs
+
+
+def _default_cache() -> Path:
+    # Per user: another user's folder could hold libraries this process would load.
+    return Path(tempfile.gettempdir()) / f"vramfabric-host-{os.getuid()}"
+
+
+@attrs.frozen
+class CudaSettings:
+    """NVRTC's target architectures and the host path's library cache."""
+
+    archs: tuple[str, ...] = DEFAULT_ARCHS
+    host_cache: Path = attrs.field(factory=_default_cache)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> CudaSettings:
+        """Read `VRAMFABRIC_CUDA_ARCHS` and `VRAMFABRIC_HOST_CACHE`.
+
+        Raises:
+            ValueError: VRAMFABRIC_CUDA_ARCHS is malformed.
+        """
+        archs = environ.get("VRAMFABRIC_CUDA_ARCHS")
+        cache = environ.get("VRAMFABRIC_HOST_CACHE")
+        return cls(
+            archs=parse_archs(archs) if archs else DEFAULT_ARCHS,
+            host_cache=Path(cache) if cache else _default_cache(),
+        )
