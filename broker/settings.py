@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -32,6 +33,9 @@ _UNITS = {
     "GB": 10**9,
     "TB": 10**12,
 }
+# The schemes nats-py connects with; a URL without one is taken as nats:// (HOST:PORT).
+URL_SCHEMES = ("nats", "tls", "ws", "wss")
+_URL_HINT = "expected nats://HOST:PORT, several comma-separated"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -45,6 +49,41 @@ def parse_size(text: str) -> int:
     if n_bytes <= 0:
         raise ValueError(f"size must be positive: {text!r}")
     return n_bytes
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError naming the first server URL in `url` that nats-py cannot use.
+
+    nats-py fails late and obscurely on these (an AssertionError for `HOST:1:2`, a connect
+    timeout for `http://...` or a bare word), so they are refused before any connect.
+    """
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise ValueError(f"no server URL in {url!r} ({_URL_HINT})")
+    for server in servers:
+        if why := _url_problem(server):
+            shown = re.sub(r"//[^@/]*@", "//***@", server)  # no password in an error line
+            raise ValueError(f"{shown!r} is not a NATS URL: {why} ({_URL_HINT})")
+
+
+def _url_problem(server: str) -> str | None:
+    if "://" not in server:
+        if ":" not in server:
+            return "no scheme and no port"
+        server = f"nats://{server}"
+    parts = urlsplit(server)
+    if parts.scheme not in URL_SCHEMES:
+        return f"scheme {parts.scheme}:// is not one of {', '.join(URL_SCHEMES)}"
+    try:
+        port = parts.port
+    except ValueError:
+        where = parts.netloc.rpartition("@")[2]
+        return f"the port in {where!r} is not a number from 0 to 65535"
+    if not parts.hostname:
+        return "no host"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "a NATS URL has no path, query or fragment"
+    return None if port is None or port > 0 else "port 0"
 
 
 def env_float(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -147,8 +186,14 @@ class BrokerSettings:
         The URL is VRAMFABRIC_NATS_URL, else that of a live `vramfabric up` on this machine
         (its discovery file), else DEFAULT_URL.
         """
+        url = environ.get("VRAMFABRIC_NATS_URL")
+        if url:
+            try:
+                check_url(url)
+            except ValueError as exc:
+                raise ValueError(f"VRAMFABRIC_NATS_URL: {exc}") from None
         return cls(
-            url=environ.get("VRAMFABRIC_NATS_URL") or discovery.live_url(environ) or DEFAULT_URL,
+            url=url or discovery.live_url(environ) or DEFAULT_URL,
             prefix=environ.get("VRAMFABRIC_PREFIX") or "vf",
             user=environ.get("VRAMFABRIC_NATS_USER") or None,
             password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,

@@ -50,7 +50,7 @@ from vramfabric.kernels import (
     builtin_registry,
 )
 from vramfabric.kernels.cuda import Reference
-from vramfabric.kernels.hyperparam import encode_config, search_space
+from vramfabric.kernels.hyperparam import MAX_BATCH, encode_config, search_space
 
 from .aggregate import Aggregator, by_name
 from .jobs import Job, check_args
@@ -66,6 +66,9 @@ _CUDA_OPTIONAL = (
     "reference",
 )
 
+# hyperparam_eval's search space: config i has batch size 32 * (1 + i // 100), and past
+# MAX_BATCH the kernel refuses it (every chunk past the space would fail as launch_failed).
+GRID_MAX = 100 * (MAX_BATCH // 32)
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array"}
 
 
@@ -226,13 +229,23 @@ def _reference(spec: str, base: Path) -> Reference:
     return fn
 
 
+def _grid(value: Any) -> int:
+    # Past GRID_MAX the configurations leave the kernel's range (every one would fail).
+    if type(value) is not int or not 1 <= value <= GRID_MAX:
+        raise ValueError(
+            f"inputs.grid must be an integer from 1 to {GRID_MAX} (hyperparam_eval's search "
+            f"space has {GRID_MAX} configurations), got {value!r}"
+        )
+    return value
+
+
 def _inputs(spec: Any, kernel: Kernel | CudaKernel, base: Path) -> list[bytes]:
     if not isinstance(spec, dict) or len(spec) != 1:
         raise ValueError("[inputs] must have exactly one of 'grid' or 'glob'")
     if "grid" in spec:
         if not isinstance(kernel, Kernel) or kernel.name != "hyperparam_eval":
             raise ValueError("inputs.grid is the hyperparam_eval search space; use inputs.glob")
-        return [encode_config(*c) for c in search_space(int(spec["grid"]))]
+        return [encode_config(*c) for c in search_space(_grid(spec["grid"]))]
     if "glob" in spec:
         files = sorted(globbing.glob(str(base / spec["glob"])))
         if not files:

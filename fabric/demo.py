@@ -72,13 +72,16 @@ def demo(
     metrics: CoordinatorMetrics | None = None,
     workers_metrics_port: int | None = None,
     with_auth: bool = False,
+    port: int = -1,
 ) -> dict[str, Any]:
     """Start an embedded fabric, run the search, stop everything; return the summary.
 
     `metrics` is the coordinator's registry; workers serve theirs on `workers_metrics_port`
     plus their index (each on a free port if 0) when it is set. `with_auth` runs the server
     with a generated tenants file (fresh passwords): the search then runs as tenant `demo`
-    through the permissions of a real deployment.
+    through the permissions of a real deployment. The server listens on `port` (-1: a free
+    one); nothing else is shared with another fabric on this machine (temp store, no
+    discovery file), so demos run side by side.
     """
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vramfabric-demo-") as folder:
@@ -90,6 +93,7 @@ def demo(
             verbose=verbose,
             metrics_port=workers_metrics_port,
             tenants_file=tenants_file,
+            port=port,
         )
         return _demo(fleet, n_configs, slice_size, progress, t0, metrics)
 

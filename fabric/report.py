@@ -25,7 +25,10 @@ from vramfabric.coordinator.fabric import JobResult
 from vramfabric.coordinator.lifecycle import JobInfo
 from vramfabric.coordinator.results import ResultsConsumer
 
-err = Console(stderr=True)
+# Messages on stderr: one line each however narrow the terminal or pipe (rich wraps at 80
+# columns when it cannot tell the width), and printed as given: exception text such as
+# "[cuda] ..." is not rich markup.
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 class RateColumn(ProgressColumn):
@@ -101,6 +104,22 @@ def report(result: JobResult) -> dict[str, Any]:
             for f in result.failures[:10]
         ],
     }
+
+
+def print_run(s: dict[str, Any]) -> None:
+    """A job report (from `report`) as text: plain values, one fact per line."""
+    print(f"job: {s['job_id']}")
+    print(f"value: {json.dumps(s['value'], default=jsonable)}")
+    resumed = f" ({s['resumed']} from an earlier run)" if s["resumed"] else ""
+    print(f"chunks: {s['ok']} ok, {s['failed']} failed{resumed}")
+    print(f"leases peak: {s['leases_peak']}")
+    phases = ", ".join(f"{k.removesuffix('_s')} {v:.3f}s" for k, v in s["phases_s"].items())
+    print(f"phases: {phases}")
+    for line in s["failures"]:
+        print(f"failed chunk {line}")
+    if s["failed"] > len(s["failures"]):
+        more = s["failed"] - len(s["failures"])
+        print(f"... and {more} more failed chunks (vramfabric job {s['job_id']})")
 
 
 def advert_dict(a: NodeAdvert) -> dict[str, Any]:
