@@ -46,14 +46,13 @@ class JobWork:
     def runs_on(self, advert: NodeAdvert) -> bool:
         """Whether a node would run this work rather than refuse it.
 
-        A function, and a CUDA kernel's Python reference on simulated GPUs, need a node
-        started with --allow-code on the same Python. A CUDA kernel without a reference is
-        sent to simulated nodes too: they answer each chunk with a clear error.
+        A function needs a node started with --allow-code on the same Python. A CUDA kernel
+        on simulated GPUs runs its source compiled for the host CPU: native code, so it needs
+        --allow-code too (any Python).
         """
-        needs_code = self.kind == "python" or (
-            self.kind == "cuda" and bool(self.python) and advert.simulated
-        )
-        return not needs_code or (advert.allow_code and advert.python == self.python)
+        if self.kind == "python":
+            return advert.allow_code and advert.python == self.python
+        return not (self.kind == "cuda" and advert.simulated) or advert.allow_code
 
     def encode_input(self, index: int, value: Any) -> bytes:
         """One chunk input as bytes: pickled for callables, as given (bytes) for kernels.

@@ -127,7 +127,8 @@ class WorkRunner:
                 ErrorKind.VRAM_EXCEEDED,
                 f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
             )
-        return kernel.run_reference(np, data)  # type: ignore[no-any-return]
+        # No GPU: the kernel's own CUDA source, compiled for the host (kernels/host.py).
+        return kernel.run_host(data)  # type: ignore[no-any-return]
 
     def _load(self, digest: str, parse: Callable[[bytes], Any], method: str | None) -> Any:
         """The parsed blob (and, for callables, the unpickled function), once per process."""

@@ -51,19 +51,20 @@ def refusal(
     `tenant_may` is the tenants file's word on the job's tenant (the tenant comes from
     the subject the job's leases were asked on, never from the spec's payload).
     """
-    python_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
-    if python_code and not tenant_may:
+    # A CUDA kernel on simulated GPUs runs its source compiled for this CPU: native code.
+    users_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
+    if users_code and not tenant_may:
         return CodeRefused(
-            f"tenant {spec.tenant} may not run Python code on this fabric "
+            f"tenant {spec.tenant} may not run code on this fabric's CPUs "
             "(allow_code is not set for it in the tenants file)"
         )
-    if python_code and not allow_code:
+    if users_code and not allow_code:
         if spec.kernel_kind == "python":
             why = "this worker does not run Python functions"
         else:
             why = (
-                "this worker simulates its GPUs, so it runs a CUDA kernel only through the "
-                "kernel's Python reference, and it does not run Python code"
+                "this worker simulates its GPUs, so it runs a CUDA kernel's source compiled "
+                "for its CPU, and it does not run users' code"
             )
         return CodeRefused(f"{why} (it was started without --allow-code)")
     if spec.kernel_kind == "python" and spec.python != python_version():
