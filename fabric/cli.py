@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
+
 from vramfabric.broker import tenants
 from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.codec import decode
@@ -35,6 +37,7 @@ from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
+from vramfabric.coordinator.results import Progress, ResultsConsumer
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
@@ -45,6 +48,7 @@ from .report import (
     print_demo,
     print_job,
     print_jobs,
+    print_run,
     print_status,
     progress_bar,
     report,
@@ -52,7 +56,11 @@ from .report import (
 )
 
 RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
-RET_NOT_FOUND, RET_CANCELLED = 5, 6
+RET_NOT_FOUND, RET_CANCELLED, RET_NO_NODES = 5, 6, 7
+# As a shell reports a command stopped by SIGINT or SIGPIPE (128 + the signal's number).
+RET_INTERRUPTED, RET_BROKEN_PIPE = 130, 141
+# How long `run` waits for a first advert before it says that no node is advertising.
+NO_NODES_HINT_S = 5.0
 log = logging.getLogger(__name__)
 
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
@@ -84,6 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             metrics,
             workers_port,
             with_auth=args.auth,
+            port=args.port,
         )
     if args.json:
         print(json.dumps(summary), flush=True)
@@ -221,21 +230,55 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         spec = load(args.jobfile)
-    except (ValueError, ImportError) as exc:
+        # Every input encoded and checked against the kernel's limits before anything is
+        # leased; the id is the one a rerun resumes.
+        job_id = spec.job.spec(CoordinatorSettings.from_env()).job_id
+    except (ValueError, TypeError, ImportError) as exc:
         err.print(f"vramfabric run: {exc}")
         return RET_USAGE
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric run: {problem}")
         return RET_USAGE
-    with progress_bar(not args.json, spec.job.size or 0) as progress:
-        result = asyncio.run(_run(spec, progress, args))
+    seen = _Seen(spec.job.size or 0)
+    try:
+        with progress_bar(not args.json, seen.total) as progress:
+            result = asyncio.run(_run(spec, seen.watching(progress), args))
+        if result is None:
+            return RET_NO_NODES
+    except KeyboardInterrupt:
+        err.print(
+            f"vramfabric run: interrupted: job {job_id} has {seen.done}/{seen.total} chunks "
+            f"done ({seen.failed} failed); its chunks stay queued: run the same command again "
+            "to resume it (the job id is the hash of the job file's spec), or "
+            f"`vramfabric cancel {job_id}` to drop them"
+        )
+        return RET_INTERRUPTED
     summary = report(result)
     if args.json:
         print(json.dumps(summary, default=jsonable), flush=True)
     else:
-        print("\n".join(f"{k}: {v}" for k, v in summary.items()), flush=True)
+        print_run(summary)
     plotted = _plot(result.series, args.plot) if args.plot else True
     return (RET_OK if plotted else RET_FAILED) if result.ok else RET_JOB_FAILED
+
+
+@attrs.define
+class _Seen:
+    """The last progress a run reported, kept for the line an interrupted run prints."""
+
+    total: int
+    done: int = 0
+    failed: int = 0
+
+    def watching(self, bar: Progress | None) -> Progress:
+        """A progress callback that records the counts, then updates `bar` if any."""
+
+        def update(results: ResultsConsumer) -> None:
+            self.done, self.failed = results.n_done, results.n_failed
+            if bar is not None:
+                bar(results)
+
+        return update
 
 
 def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
@@ -247,19 +290,60 @@ def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
     err.print(f"metrics: http://{addr}:{port}/metrics")
 
 
-async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult:
+async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult | None:
     settings, metrics = CoordinatorSettings.from_env(), CoordinatorMetrics()
     if args.metrics_port is not None:
         serve_metrics(metrics, args.metrics_port, settings.metrics_addr)
-    async with await Fabric.connect(BrokerSettings.from_env(), settings, metrics) as fabric:
-        return await fabric.run(
-            spec.job,
-            spec.aggregator,
-            slices=spec.slices,
-            progress=progress,
-            timeout_s=args.timeout_s,
-            retry_failed=args.retry_failed,
+    broker = BrokerSettings.from_env()
+    async with await Fabric.connect(broker, settings, metrics) as fabric:
+        running = asyncio.ensure_future(
+            fabric.run(
+                spec.job,
+                spec.aggregator,
+                slices=spec.slices,
+                progress=progress,
+                timeout_s=args.timeout_s,
+                retry_failed=args.retry_failed,
+            )
         )
+        watch = asyncio.ensure_future(_watch_nodes(fabric, broker, running, args.no_wait))
+        try:
+            return await running
+        except asyncio.CancelledError:
+            if watch.done() and not watch.cancelled() and watch.result():
+                return None  # stopped by the watch: no node (--no-wait)
+            raise
+        finally:
+            watch.cancel()
+            if not running.done():
+                running.cancel()
+            await asyncio.wait({watch, running})
+
+
+async def _watch_nodes(
+    fabric: Fabric, broker: BrokerSettings, running: asyncio.Future[Any], no_wait: bool
+) -> bool:
+    """Say so when no node advertises a few seconds in, and again when one does.
+
+    With `no_wait` the run is stopped instead; True then.
+    """
+    await asyncio.sleep(NO_NODES_HINT_S)
+    if fabric.fleet.adverts:
+        return False
+    what = (
+        f"vramfabric run: no node is advertising on {broker.url} (prefix {broker.prefix}) "
+        f"after {NO_NODES_HINT_S:.0f}s; start workers with `vramfabric worker --simulate "
+        "4x48GiB` (or `vramfabric up`) on this URL and prefix"
+    )
+    if no_wait:
+        err.print(f"{what}, then run the same command again (--no-wait: not waiting)")
+        running.cancel()
+        return True
+    err.print(f"{what}; waiting for one (Ctrl-C stops, the same command resumes)")
+    while not fabric.fleet.adverts:
+        await fabric.fleet.wait_changed(timeout_s=1.0)
+    err.print(f"vramfabric run: {len(fabric.fleet.adverts)} node(s) advertising; running")
+    return False
 
 
 def plot_problem(path: str) -> str | None:
@@ -422,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_port(p, "the coordinator's; its workers use the ports after it")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
     p.add_argument("--auth", action="store_true", help="run with auth on: a generated tenants file")
+    p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
     p.set_defaults(handler=cmd_demo)
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
@@ -460,6 +545,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run again the chunks that failed or ran out of retries in an earlier run",
     )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help=f"exit 7 if no node advertises within {NO_NODES_HINT_S:.0f}s (default: wait)",
+    )
     add_metrics_port(p, "the coordinator's")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
     p.set_defaults(handler=cmd_run)
@@ -497,9 +587,39 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.handler(args))
-    except (VramfabricError, ValueError) as exc:
-        err.print(f"vramfabric: {exc}")
+    except BrokenPipeError:
+        return _broken_pipe()
+    except KeyboardInterrupt:
+        err.print(f"vramfabric {args.command}: interrupted")
+        return RET_INTERRUPTED
+    except (VramfabricError, ValueError, OSError) as exc:
+        log.info("command failed", exc_info=exc)  # the traceback, with -v
+        err.print(f"vramfabric: {_one_line(str(exc))}")
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
+    except Exception as exc:
+        # A bug: one line, and the traceback only when asked for.
+        if args.verbose:
+            raise
+        err.print(f"vramfabric: internal error: {type(exc).__name__}: {exc} (-v shows where)")
+        return RET_FAILED
+
+
+def _one_line(message: str) -> str:
+    """A message's first line and, when it carries a log (nats-server's), its last: the cause."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return message.strip()
+    head = lines[0].removesuffix(":")
+    return f"{head}: ... {lines[-1]} (-v shows all {len(lines)} lines)"
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (`| head`): stop quietly, as SIGPIPE stops other tools."""
+    # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return RET_BROKEN_PIPE
 
 
 # The exit code of a command that failed, by error; the first match wins.
