@@ -1,4 +1,4 @@
-"""`vramfabric`: demo, up, server, worker, run, status and job commands; one cmd_* each."""
+"""`vramfabric`: demo, up, server, worker, run, status, job and kernel commands; one cmd_* each."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
 from vramfabric.coordinator.results import Progress, ResultsConsumer
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.kernels.nvrtc import check_source
+from vramfabric.kernels.settings import CudaSettings, parse_archs
 from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .authserver import AuthServer
@@ -416,6 +418,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return RET_OK
 
 
+def cmd_kernel_check(args: argparse.Namespace) -> int:
+    """Compile a CUDA source with NVRTC for the target architectures; errors name the line."""
+    path = Path(args.file)
+    archs = parse_archs(args.arch) if args.arch else CudaSettings.from_env().archs
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        err.print(f"vramfabric: cannot read {path}: {exc}")
+        return RET_USAGE
+    if not check_source(path.stem, source, args.entry, archs):
+        err.print("vramfabric: nvrtc not installed (pip install 'vramfabric[cuda]'): not checked")
+        return RET_FAILED
+    print(f"{path}: {args.entry} compiles for {','.join(archs)}")
+    return RET_OK
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     """Delete a job: results, spec, record, consumer, checkpoints and outputs."""
     _lifecycle(lambda c, b, t: lifecycle.remove(c, b, t, args.id))
@@ -560,6 +578,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_status)
     _add_job_commands(sub)
+    kernel = sub.add_parser("kernel", help="CUDA kernel tools").add_subparsers(required=True)
+    p = kernel.add_parser("check", help="compile FILE.cu with NVRTC; errors name the line")
+    p.add_argument("file")
+    p.add_argument("--entry", required=True, help='the extern "C" __global__ function')
+    p.add_argument("--arch", help="e.g. sm_90 or sm_80,sm_90 (default VRAMFABRIC_CUDA_ARCHS)")
+    p.set_defaults(handler=cmd_kernel_check)
     return parser
 
 
