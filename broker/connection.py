@@ -14,7 +14,6 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import attrs
 import nats.errors
@@ -23,6 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from .errors import Disconnected, PermissionDenied, TransientError, from_nats
+from .probe import not_nats
 from .settings import BrokerSettings
 from .subjects import JS_API, Subjects
 
@@ -285,46 +285,5 @@ async def _connect_error(
     elif last.startswith("gaierror"):
         why = "host name not found (check the host in VRAMFABRIC_NATS_URL)"
     else:
-        why = await _not_nats(settings.servers[0]) or str(err)
+        why = await not_nats(settings.servers[0]) or str(err)
     return Disconnected(f"cannot reach NATS at {settings.url}: {why}")
-
-
-async def _not_nats(server: str, wait_s: float = 0.5) -> str | None:
-    """Why the service at `server` is not NATS, from its first bytes; None if it may be.
-
-    A NATS server greets with `INFO {...}` at once. Many services say nothing until asked,
-    so after `wait_s` of silence it is asked as HTTP would be (an HTTP server answers that).
-    """
-    parts = urlsplit(server if "://" in server else f"nats://{server}")
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(parts.hostname, parts.port or 4222), wait_s
-        )
-    except (OSError, TimeoutError, ValueError):
-        return None
-    try:
-        first = await _first_bytes(reader, wait_s)
-        if not first:
-            writer.write(b"GET / HTTP/1.0\r\n\r\n")
-            first = await _first_bytes(reader, wait_s)
-    except OSError:
-        return None
-    finally:
-        writer.close()
-    if first.startswith(b"INFO"):
-        return None
-    if first.startswith(b"HTTP/"):
-        return (
-            "an HTTP server answers there, not NATS (NATS clients use port 4222 by default; "
-            "8222 is a NATS server's HTTP monitoring port)"
-        )
-    if first:
-        return f"something that is not NATS answers there (it sent {first[:32]!r}...)"
-    return "something accepts connections there but never greets like a NATS server (INFO)"
-
-
-async def _first_bytes(reader: asyncio.StreamReader, wait_s: float) -> bytes:
-    try:
-        return await asyncio.wait_for(reader.read(64), wait_s)
-    except TimeoutError:
-        return b""
