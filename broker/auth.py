@@ -140,6 +140,9 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         + f"{tenant}.>",
         s.object_subjects(kernels),
         *(p for stream in own_streams for p in _stream_reads(stream)),
+        # A chunk that ran out of deliveries stays in the work queue until its coordinator
+        # deletes it (coordinator/exhausted.py).
+        f"{_API}.STREAM.MSG.DELETE.{s.work_stream(tenant)}",
         *_fleet_reads(s, s.fleet_api()),  # imported from the fabric's account
         # nats-py's object-store get looks its stream up by subject.
         f"{_API}.STREAM.NAMES",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import nats.js.errors
 import nkeys
 import pytest
 from nats.js.api import ConsumerConfig
@@ -531,3 +532,19 @@ async def test_a_tenant_sees_the_fleet_with_status(auth_fabric: AuthFabric, agen
     # Then the server let her read the adverts, and the node is listed
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "n-status" in [n["node"] for n in json.loads(shown.stdout)["nodes"]]
+
+
+async def test_a_tenant_deletes_a_message_of_its_own_work_stream_only(
+    auth_fabric: AuthFabric, connections: Any
+) -> None:
+    # Given a chunk in alice's work stream (as an exhausted one stays there)
+    s = auth_fabric.base.subjects
+    a = await connections(auth_fabric.tenant("alice"))
+    b = await connections(auth_fabric.tenant("bob"))
+    ack = await a.js.publish(s.work("alice", uuid.uuid4().hex[:12]), b"chunk")
+    # When bob deletes it, then alice (her coordinator records it as exhausted, then deletes)
+    # Then bob is refused, and alice's delete removes it
+    assert await refused(b.js.delete_msg(s.work_stream("alice"), ack.seq)) < PROMPT_S
+    assert await a.js.delete_msg(s.work_stream("alice"), ack.seq)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await a.js.get_msg(s.work_stream("alice"), ack.seq)
