@@ -70,8 +70,8 @@ T = TypeVar("T")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Embedded server + simulated workers + the 1000-configuration search."""
-    from .demo import demo
+    """Embedded server + simulated workers + a built-in kernel's pattern (the search by default)."""
+    from .demo import demo, demo_chunks, print_pattern
 
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric demo: {problem}")
@@ -83,7 +83,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         workers_port = args.metrics_port and args.metrics_port + 1
         where = f"ports {workers_port}..{workers_port + args.workers - 1}" if workers_port else ""
         err.print(f"worker metrics: {where or 'free ports'}")
-    with progress_bar(not args.json, args.configs) as progress:
+    with progress_bar(not args.json, demo_chunks(args.kernel, args.configs)) as progress:
         summary = demo(
             args.workers,
             args.simulate,
@@ -95,11 +95,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             workers_port,
             with_auth=args.auth,
             port=args.port,
+            kernel=args.kernel,
         )
     if args.json:
         print(json.dumps(summary), flush=True)
-    else:
+    elif args.kernel == "hyperparam":
         print_demo(summary)
+    else:
+        print_pattern(summary)
     ok = (
         summary["failed"] == 0
         and summary["matches_reference"]
@@ -515,11 +518,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="embedded fabric + the 1000-configuration search")
+    p = sub.add_parser("demo", help="embedded fabric + a built-in CUDA kernel's pattern")
+    p.add_argument(
+        "--kernel",
+        default="hyperparam",
+        choices=("hyperparam", "montecarlo", "inference", "tiles", "fitness"),
+        help="the pattern to run (default hyperparam: the 1000-configuration search)",
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
     p.add_argument("--slice", default="512MiB", help="slice per configuration (default 512MiB)")
-    p.add_argument("--configs", type=int, default=1000, choices=range(1, 1001), metavar="1..1000")
+    p.add_argument(
+        "--configs",
+        type=int,
+        default=1000,
+        choices=range(1, 1001),
+        metavar="1..1000",
+        help="configurations searched (hyperparam only; default 1000)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     add_metrics_port(p, "the coordinator's; its workers use the ports after it")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
