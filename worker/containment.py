@@ -147,14 +147,21 @@ class Containment:
         if problem and uids is not None:
             raise ValueError(f"VRAMFABRIC_EXECUTOR_UIDS={uids}: {problem}")
         if problem:
+            # A root worker is stopped only by an install other uids cannot use.
+            fix = (
+                "install vramfabric where other users can read it (e.g. a venv under /opt)"
+                if os.geteuid() == 0
+                else "run as root or set VRAMFABRIC_EXECUTOR_UIDS with CAP_SETUID, CAP_SETGID "
+                "and CAP_CHOWN"
+            )
             # Tenants' code only matters where it runs; built-in kernels are ours.
             log.log(
                 logging.WARNING if allow_code else logging.INFO,
                 "executors run as this worker's uid=%d (shared-uid: tenants' code can signal "
-                "the agent and each other, and shares its files) because %s; run as root or "
-                "set VRAMFABRIC_EXECUTOR_UIDS with CAP_SETUID, CAP_SETGID and CAP_CHOWN",
+                "the agent and each other, and shares its files) because %s; %s",
                 os.geteuid(),
                 problem,
+                fix,
             )
             return cls(None)
         base = Path(tempfile.mkdtemp(prefix="vramfabric-executors-"))
