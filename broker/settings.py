@@ -108,6 +108,18 @@ def env_size(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """Read a yes/no variable (1/0, true/false, yes/no), naming it in the error."""
+    raw = (environ.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}={environ[name]!r} is not a yes/no value (1/0, true/false)")
+
+
 def env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     """Read an integer variable, naming the variable in the error if it does not parse."""
     raw = environ.get(name)
@@ -130,6 +142,9 @@ class BrokerSettings:
     creds_file: str | None = None
     # A file holding the user's nkey seed (`SU...`): logs in with the nkey, not a password.
     nkey_seed_file: str | None = None
+    # With credentials, each tenant is in a NATS account of its own (the config broker/auth.py
+    # generates). False for a server of your own whose users share one account.
+    tenant_accounts: bool = True
     replicas: int = attrs.field(default=1, validator=attrs.validators.in_((1, 3, 5)))
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 2.0
@@ -143,17 +158,22 @@ class BrokerSettings:
 
     @property
     def authenticated(self) -> bool:
-        """Whether credentials are given: auth is on, one NATS account per tenant."""
+        """Whether credentials are given (auth is on)."""
         return bool(self.user or self.creds_file or self.nkey_seed_file)
 
     @property
+    def accounts(self) -> bool:
+        """Whether the fabric runs one NATS account per tenant (auth on, generated config)."""
+        return self.authenticated and self.tenant_accounts
+
+    @property
     def in_tenant_account(self) -> bool:
-        """Whether this client logs in to a tenant's own account (auth on, not a service user).
+        """Whether this client logs in to a tenant's own account (not a service user).
 
         Such a client reaches the fleet's shared state (adverts) only through its account's
         imports, under `Subjects.fleet_api()`.
         """
-        return self.authenticated and self.user not in RESERVED_USERS
+        return self.accounts and self.user not in RESERVED_USERS
 
     @property
     def fleet_api(self) -> str:
@@ -162,7 +182,7 @@ class BrokerSettings:
 
     def tenant_api(self, tenant: str) -> str:
         """The JetStream API prefix of a tenant's streams, as the workers reach them."""
-        return self.subjects.tenant_api(tenant) if self.authenticated else JS_API
+        return self.subjects.tenant_api(tenant) if self.accounts else JS_API
 
     @property
     def call_retry(self) -> CallRetry:
@@ -199,6 +219,7 @@ class BrokerSettings:
             password=environ.get("VRAMFABRIC_NATS_PASSWORD") or None,
             creds_file=environ.get("VRAMFABRIC_NATS_CREDS") or None,
             nkey_seed_file=environ.get("VRAMFABRIC_NATS_NKEY_SEED") or None,
+            tenant_accounts=env_flag(environ, "VRAMFABRIC_TENANT_ACCOUNTS", True),
             replicas=env_int(environ, "VRAMFABRIC_REPLICAS", 1),
             connect_timeout_s=env_float(environ, "VRAMFABRIC_CONNECT_TIMEOUT_S", 2.0),
             request_timeout_s=env_float(environ, "VRAMFABRIC_REQUEST_TIMEOUT_S", 2.0),

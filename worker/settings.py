@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from vramfabric.broker.settings import env_float, env_int, env_size
+from vramfabric.broker.settings import env_flag, env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
 from .containment import UidRange
@@ -103,13 +103,8 @@ class WorkerSettings:
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:
-    """Read a yes/no variable (1/0, true/false, yes/no), naming it in the error."""
-    raw = environ[name].strip().lower()
-    if raw in ("1", "true", "yes"):
-        return True
-    if raw in ("0", "false", "no"):
-        return False
-    raise ValueError(f"{name}={environ[name]!r} is not a yes/no value (1/0, true/false)")
+    """Read a yes/no variable that is set (1/0, true/false, yes/no), naming it in the error."""
+    return env_flag(environ, name, False)
 
 
 def _uids(environ: Mapping[str, str], name: str) -> UidRange:

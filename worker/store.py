@@ -92,7 +92,7 @@ class ChunkStore:
         store = self._outputs.get(tenant)
         if store is None:
             bucket = self.broker.subjects.outputs_store(tenant)
-            if not self.broker.authenticated:
+            if not self.broker.accounts:
                 # With auth on it is in the tenant's account, provisioned by the operator.
                 await topology.outputs_store(self.conn.js, self.broker, tenant)
             js = self.conn.tenant_js(tenant)
