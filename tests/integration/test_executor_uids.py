@@ -80,7 +80,9 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
     seen["signal_agent"] = attempt(lambda: os.kill(agent, 0))
     purelib = sysconfig.get_paths()["purelib"]
     seen["write_pth"] = attempt(lambda: write_and_remove(os.path.join(purelib, "vf-probe.pth")))
-    seen["write_own_dir"] = attempt(lambda: write_and_remove(os.path.join(cwd, "mine")))
+    # A file of its own: the tenant's other process writes in the same directory meanwhile.
+    mine = os.path.join(cwd, f"mine-{os.getpid()}")
+    seen["write_own_dir"] = attempt(lambda: write_and_remove(mine))
     other = spec.get("other")
     if other:
         seen["other_alive"] = os.path.exists(f"/proc/{other['pid']}")
