@@ -90,7 +90,7 @@ class AckedPublisher:
             await self.nc.publish(
                 subject, payload, reply=f"{self._prefix}.{token}", headers=headers
             )
-        except BaseException:
+        except BaseException:  # re-raised: the publish never left, so no ack is awaited
             self._pending.pop(token, None)
             future.cancel()  # no one will await it; this also ends its guard
             raise

@@ -97,7 +97,7 @@ class LocalCluster:
         try:
             for server in self.servers:
                 server.start()
-        except BaseException:
+        except BaseException:  # re-raised: no server of a half-started cluster is left running
             self.stop()
             raise
         return self

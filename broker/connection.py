@@ -224,7 +224,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     try:
         # The first connect retries until the deadline, then fails rather than hang forever.
         await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
-    except Exception as exc:
+    except Exception as exc:  # re-raised, as what the failure was (refused, unreachable, bug)
         await nc.close()
         if _refused(exc, nc):
             who = settings.user or settings.creds_file or settings.nkey_seed_file

@@ -281,7 +281,7 @@ def nats_errors() -> Iterator[None]:
     """Raise nats-py errors from the block as ours (via `from_nats`); others pass unchanged."""
     try:
         yield
-    except Exception as exc:
+    except Exception as exc:  # re-raised: mapped if it is nats-py's, else unchanged
         mapped = from_nats(exc)
         if mapped is exc:
             raise

@@ -147,7 +147,7 @@ class ResultsConsumer:
                     self.conn.js, self.broker, self.spec.tenant
                 )
             got = await self._outputs.get(str(result.output_ref))
-        except Exception as exc:
+        except Exception as exc:  # recorded: the chunk's result becomes a failed one, logged
             err = from_nats(exc)
             log.warning("output unreadable job=%s index=%d error=%s", result.job, result.index, err)
             return attrs.evolve(

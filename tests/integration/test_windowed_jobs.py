@@ -73,7 +73,7 @@ async def test_work_stream_never_holds_more_than_the_window_and_results_fold_ear
         while not stop.is_set():
             info = await fabric.conn.js.stream_info(stream)
             peak = max(peak, info.state.messages)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # sampling interval of the watch, not synchronisation
 
     watcher = asyncio.get_running_loop().create_task(watch())
     job = Job(SLEEPY, inputs(), args={"sleep_s": 0.01})
@@ -94,18 +94,17 @@ async def test_work_stream_never_holds_more_than_the_window_and_results_fold_ear
     assert at_last_input[0] >= 60 - 5 - 1
 
 
-async def _pause_results_consumers(fabric: Fabric, stop: asyncio.Event) -> int:
-    """Pause every consumer of the tenant's results stream for an hour until `stop`."""
+async def _pause_results_consumers(fabric: Fabric, stop: asyncio.Event, paused: set[str]) -> int:
+    """Pause every consumer of the tenant's results stream for an hour (named in `paused`)."""
     stream = fabric.broker.subjects.results_stream("default")
     until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
-    paused: set[str] = set()
     while not stop.is_set():
         for info in await fabric.conn.js.consumers_info(stream):
             if info.name not in paused:
                 with contextlib.suppress(Exception):  # gone meanwhile: the next one is paused
                     await fabric.conn.js.pause_consumer(stream, info.name, until)
                     paused.add(info.name)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # polling interval: consumers appear when the run makes them
     return len(paused)
 
 
@@ -118,8 +117,9 @@ async def test_stalled_results_consumer_is_resubscribed_and_the_job_completes(
     job = Job(SLEEPY, [sleepy_input(i) for i in range(30)], args={"sleep_s": 0.02})
     run = asyncio.get_running_loop().create_task(fabric.run(job, Mean(), timeout_s=30))
     stop = asyncio.Event()
-    pauser = asyncio.get_running_loop().create_task(_pause_results_consumers(fabric, stop))
-    await asyncio.sleep(0.5)
+    paused: set[str] = set()
+    pauser = asyncio.get_running_loop().create_task(_pause_results_consumers(fabric, stop, paused))
+    await eventually(lambda: bool(paused))
     stop.set()  # only the first consumer stays paused
     assert await pauser >= 1
     # When the follower notices it gets nothing while results wait for it
