@@ -39,6 +39,20 @@ async def direct_get_to(
     await nc.flush()
 
 
+async def sides(auth_fabric: AuthFabric, connections: Any) -> tuple[Connection, ...]:
+    """Connections of (alice, bob, alice's operator, bob's operator).
+
+    Alice is the victim, bob the attacker with his own password; each operator sees one account.
+    """
+    users = (
+        auth_fabric.tenant("alice"),
+        auth_fabric.tenant("bob"),
+        auth_fabric.operator_of("alice"),
+        auth_fabric.operator_of("bob"),
+    )
+    return tuple([await connections(user) for user in users])
+
+
 async def results_of(op: Connection, s: Subjects, tenant: str) -> int:
     """Messages in the tenant's results stream, as the operator sees them in its account."""
     return (await op.js.stream_info(s.results_stream(tenant))).state.messages
@@ -49,10 +63,7 @@ async def test_js_api_answers_aimed_at_another_tenant_land_nowhere(
 ) -> None:
     # Given alice's results stream holding one result, and bob with his own password
     s = auth_fabric.base.subjects
-    a = await connections(auth_fabric.tenant("alice"))
-    b = await connections(auth_fabric.tenant("bob"))
-    a_op = await connections(auth_fabric.operator_of("alice"))
-    b_op = await connections(auth_fabric.operator_of("bob"))
+    a, b, a_op, b_op = await sides(auth_fabric, connections)
     job = uuid.uuid4().hex[:12]
     await a.js.publish(s.result("alice", job, 1), b"alice's result")
     before_a, before_b = await results_of(a_op, s, "alice"), await results_of(b_op, s, "bob")
@@ -82,10 +93,7 @@ async def test_direct_gets_aimed_at_the_jetstream_api_cannot_touch_another_tenan
 ) -> None:
     # Given alice's streams, one result in them, and bob who may write and read his own key
     s = auth_fabric.base.subjects
-    a = await connections(auth_fabric.tenant("alice"))
-    b = await connections(auth_fabric.tenant("bob"))
-    a_op = await connections(auth_fabric.operator_of("alice"))
-    b_op = await connections(auth_fabric.operator_of("bob"))
+    a, b, a_op, b_op = await sides(auth_fabric, connections)
     job = uuid.uuid4().hex[:12]
     await a.js.publish(s.result("alice", job, 0), b"alice's result")
     await b.js.publish(s.result("bob", job, 0), b"bob's result")
