@@ -13,9 +13,9 @@ import asyncio
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -38,6 +38,8 @@ from vramfabric.kernels import (
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
 from .local import LocalFleet, demo_tenants_file
+
+T = TypeVar("T")
 
 # The demo's tenant (the default tenant when auth is off).
 TENANT = "demo"
@@ -126,6 +128,19 @@ def demo(
         return _demo(fleet, n_configs, slice_size, progress, t0, metrics)
 
 
+def _on_fleet(
+    fleet: LocalFleet, t0: float, run: Callable[[], Coroutine[Any, Any, T]]
+) -> tuple[float, list[int], T]:
+    """Start the fleet, run `run()` on it, stop it: (seconds to start, exit codes, result)."""
+    fleet.start()
+    try:
+        started_s = time.perf_counter() - t0
+        outcome = asyncio.run(run())
+    finally:
+        exit_codes = fleet.stop()
+    return started_s, exit_codes, outcome
+
+
 def _demo(
     fleet: LocalFleet,
     n_configs: int,
@@ -134,14 +149,9 @@ def _demo(
     t0: float,
     metrics: CoordinatorMetrics | None,
 ) -> dict[str, Any]:
-    fleet.start()
-    try:
-        started_s = time.perf_counter() - t0
-        result, leased_after = asyncio.run(
-            run_search(fleet, n_configs, parse_size(slice_size), progress, metrics)
-        )
-    finally:
-        exit_codes = fleet.stop()
+    started_s, exit_codes, (result, leased_after) = _on_fleet(
+        fleet, t0, lambda: run_search(fleet, n_configs, parse_size(slice_size), progress, metrics)
+    )
     configs = search_space(n_configs)
     expected_index, expected_loss = reference_argmin(configs)
     best = result.value
@@ -323,14 +333,9 @@ def _pattern_demo(
     t0: float,
     metrics: CoordinatorMetrics | None,
 ) -> dict[str, Any]:
-    fleet.start()
-    try:
-        started_s = time.perf_counter() - t0
-        result, leased_after = asyncio.run(
-            run_pattern(fleet, pattern, parse_size(slice_size), progress, metrics)
-        )
-    finally:
-        exit_codes = fleet.stop()
+    started_s, exit_codes, (result, leased_after) = _on_fleet(
+        fleet, t0, lambda: run_pattern(fleet, pattern, parse_size(slice_size), progress, metrics)
+    )
     matches, answer = pattern.check(result.value) if result.n_ok else (False, "no result")
     job_s = result.phases_s["total_s"]
     return {
