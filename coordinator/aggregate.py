@@ -2,10 +2,9 @@
 
 Each receives `add(index, output)` once per chunk that succeeded, in arrival order, and
 `value()` gives the aggregate. Ties go to the lower chunk index, so the answer does not
-depend on which worker finished first. All but `Gather` and `Concat` hold bounded state
-(`TileImage` holds its image); those two keep every decoded output in memory. `MeanCI`,
-`Concat`, `TileImage` and `TopK` are the aggregators of the built-in CUDA kernels' patterns
-(Monte Carlo, inference, image tiles, fitness).
+depend on which worker finished first. All but `Gather` hold bounded state; `Gather` keeps
+every decoded output in memory. The aggregators of the built-in CUDA kernels' patterns are in
+coordinator/patterns.py.
 
 Outputs are decoded by a dtype: a numeric numpy dtype name (`float32`, `float64`, `int64`...),
 `bytes` (raw), or `pickle` (a Python-callable job's `pickle.dumps` of its return value).
@@ -26,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import attrs
 import numpy as np
 
 PICKLE = "pickle"
@@ -47,7 +45,7 @@ class Aggregator(Protocol):
         ...
 
 
-def _numpy_dtype(dtype: str) -> np.dtype[Any]:
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype for a numeric dtype name; ValueError for an unknown or unreadable one."""
     try:
         dt = np.dtype(dtype)
@@ -64,7 +62,7 @@ def _numpy_dtype(dtype: str) -> np.dtype[Any]:
 def check_dtype(dtype: str) -> str:
     """`dtype` itself if it names an output encoding, else ValueError."""
     if dtype not in (PICKLE, BYTES):
-        _numpy_dtype(dtype)
+        numpy_dtype(dtype)
     return dtype
 
 
@@ -99,7 +97,7 @@ def scalar(output: bytes, dtype: str) -> float:
         raise ValueError(
             "outputs of dtype 'bytes' have no scalar value; use Gather, Collect or Fold"
         )
-    dt = _numpy_dtype(dtype)
+    dt = numpy_dtype(dtype)
     if dt.kind not in _SCALAR_KINDS:
         raise ValueError(f"outputs of dtype {dtype!r} have no real scalar value")
     if len(output) < dt.itemsize:
@@ -115,7 +113,7 @@ def decode(output: bytes, dtype: str) -> Any:
         return unpickle(output)
     if dtype == BYTES:
         return bytes(output)
-    dt = _numpy_dtype(dtype)
+    dt = numpy_dtype(dtype)
     if len(output) % dt.itemsize:
         raise ValueError(
             f"output of {len(output)} bytes is not a whole number of {dt.name} "
@@ -125,7 +123,7 @@ def decode(output: bytes, dtype: str) -> Any:
     return np.frombuffer(output, dtype=dt).copy()
 
 
-def _bound(agg: Any) -> str:
+def bound_dtype(agg: Any) -> str:
     """The aggregator's dtype, or ValueError if it was never given or bound."""
     dtype: str | None = agg.dtype
     if dtype is None:
@@ -137,7 +135,7 @@ def _bound(agg: Any) -> str:
     return dtype
 
 
-def _optional(dtype: str | None) -> str | None:
+def optional_dtype(dtype: str | None) -> str | None:
     """An explicit dtype checked early, so a typo fails before the job runs."""
     return None if dtype is None else check_dtype(dtype)
 
@@ -147,12 +145,12 @@ class ArgMin:
 
     def __init__(self, dtype: str | None = None) -> None:
         """Compare outputs decoded as `dtype` (None: the job's output dtype, see bind_dtype)."""
-        self.dtype = _optional(dtype)
+        self.dtype = optional_dtype(dtype)
         self.best: tuple[float, int] | None = None
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it is the smallest seen (NaN never wins)."""
-        x = scalar(output, _bound(self))
+        x = scalar(output, bound_dtype(self))
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
 
@@ -166,7 +164,7 @@ class ArgMax(ArgMin):
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it is the largest seen (NaN never wins)."""
-        x = -scalar(output, _bound(self))
+        x = -scalar(output, bound_dtype(self))
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
 
@@ -180,13 +178,13 @@ class Mean:
 
     def __init__(self, dtype: str | None = None) -> None:
         """Average outputs decoded as `dtype` (None: the job's output dtype, see bind_dtype)."""
-        self.dtype = _optional(dtype)
+        self.dtype = optional_dtype(dtype)
         self.total = 0.0
         self.count = 0
 
     def add(self, index: int, output: bytes) -> None:
         """Add one output to the running sum."""
-        self.total += scalar(output, _bound(self))
+        self.total += scalar(output, bound_dtype(self))
         self.count += 1
 
     def value(self) -> float | None:
@@ -201,12 +199,12 @@ class TopK:
         """Keep `k` outputs; `largest` picks the top instead of the bottom."""
         if k <= 0:
             raise ValueError(f"k must be > 0, got {k}")
-        self.k, self.largest, self.dtype = k, largest, _optional(dtype)
+        self.k, self.largest, self.dtype = k, largest, optional_dtype(dtype)
         self._heap: list[tuple[float, int]] = []  # worst kept on top
 
     def add(self, index: int, output: bytes) -> None:
         """Keep the output if it ranks among the best k."""
-        x = scalar(output, _bound(self))
+        x = scalar(output, bound_dtype(self))
         if math.isnan(x):
             return
         key = (x if self.largest else -x, -index)
@@ -226,13 +224,13 @@ class Gather:
 
     def __init__(self, dtype: str | None = None, n_chunks: int | None = None) -> None:
         """Decode outputs as `dtype` (None: the job's output dtype); `n_chunks` pads the list."""
-        self.dtype = _optional(dtype)
+        self.dtype = optional_dtype(dtype)
         self.n_chunks = n_chunks
         self._outputs: dict[int, Any] = {}
 
     def add(self, index: int, output: bytes) -> None:
         """Decode and keep one output (pickle: object, bytes: bytes, numeric: numpy array)."""
-        self._outputs[index] = decode(output, _bound(self))
+        self._outputs[index] = decode(output, bound_dtype(self))
 
     def value(self) -> list[Any]:
         """Outputs by chunk index, None where a chunk has no ok output."""
@@ -242,99 +240,6 @@ class Gather:
         if self.n_chunks is not None:
             size = max(size, self.n_chunks)
         return [self._outputs.get(i) for i in range(size)]
-
-
-@attrs.frozen
-class MeanInterval:
-    """A mean with its normal-approximation confidence interval: mean +- half_width."""
-
-    mean: float
-    half_width: float
-    count: int
-
-    @property
-    def low(self) -> float:
-        """The interval's lower end."""
-        return self.mean - self.half_width
-
-    @property
-    def high(self) -> float:
-        """The interval's upper end."""
-        return self.mean + self.half_width
-
-
-class MeanCI:
-    """Mean of scaled scalar outputs with a confidence interval (Monte Carlo estimates)."""
-
-    def __init__(self, dtype: str | None = None, scale: float = 1.0, z: float = 1.96) -> None:
-        """Average `scale` times each output's first element; `z` sets the level (1.96: 95%)."""
-        self.dtype = _optional(dtype)
-        self.scale, self.z = scale, z
-        self.count, self._mean, self._m2 = 0, 0.0, 0.0
-
-    def add(self, index: int, output: bytes) -> None:
-        """Fold one estimate in (Welford's update: no catastrophic cancellation)."""
-        x = self.scale * scalar(output, _bound(self))
-        self.count += 1
-        delta = x - self._mean
-        self._mean += delta / self.count
-        self._m2 += delta * (x - self._mean)
-
-    def value(self) -> MeanInterval | None:
-        """The mean and the half-width z * s / sqrt(n) (0 for one output), or None."""
-        if not self.count:
-            return None
-        variance = self._m2 / (self.count - 1) if self.count > 1 else 0.0
-        return MeanInterval(self._mean, self.z * math.sqrt(variance / self.count), self.count)
-
-
-class Concat(Gather):
-    """Every chunk's decoded output joined into one array in chunk-index order."""
-
-    def value(self) -> Any:
-        """One numpy array; chunks without an ok output are left out (see `missing`)."""
-        parts = [out for out in super().value() if out is not None]
-        return np.concatenate(parts) if parts else np.empty(0, _numpy_dtype(_bound(self)))
-
-    def missing(self) -> list[int]:
-        """Indices below the highest seen (or `n_chunks`) that have no output."""
-        return [i for i, out in enumerate(super().value()) if out is None]
-
-
-class TileImage:
-    """An image assembled from tiles: chunk i is tile (i // columns, i % columns), row-major."""
-
-    def __init__(
-        self, grid: tuple[int, int], tile: tuple[int, int], dtype: str | None = None
-    ) -> None:
-        """`grid` is (rows, columns) of tiles, `tile` each tile's (height, width) in pixels."""
-        if min(*grid, *tile) <= 0:
-            raise ValueError(f"grid {grid} and tile {tile} must be positive")
-        self.grid, self.tile, self.dtype = grid, tile, _optional(dtype)
-        self._image: np.ndarray | None = None
-
-    def add(self, index: int, output: bytes) -> None:
-        """Place one tile (the output's first height * width items) in the image."""
-        rows, columns = self.grid
-        if not 0 <= index < rows * columns:
-            raise ValueError(f"tile {index} outside a grid of {rows} x {columns}")
-        height, width = self.tile
-        pixels = decode(output, _bound(self))[: height * width]
-        if pixels.size != height * width:
-            raise ValueError(f"tile {index} has {pixels.size} items, not {height} x {width}")
-        image = self._canvas(pixels.dtype)
-        top, left = (index // columns) * height, (index % columns) * width
-        image[top : top + height, left : left + width] = pixels.reshape(height, width)
-
-    def value(self) -> np.ndarray | None:
-        """The image so far (tiles not yet added are zeros), or None before the first tile."""
-        return self._image
-
-    def _canvas(self, dtype: np.dtype[Any]) -> np.ndarray:
-        if self._image is None:
-            rows, columns = self.grid
-            self._image = np.zeros((rows * self.tile[0], columns * self.tile[1]), dtype=dtype)
-        return self._image
 
 
 class Collect:

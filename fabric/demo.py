@@ -21,10 +21,11 @@ import attrs
 import numpy as np
 
 from vramfabric.broker.settings import parse_size
-from vramfabric.coordinator.aggregate import Aggregator, ArgMin, Concat, MeanCI, TileImage, TopK
+from vramfabric.coordinator.aggregate import Aggregator, ArgMin, TopK
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobs import Job
 from vramfabric.coordinator.metrics import CoordinatorMetrics
+from vramfabric.coordinator.patterns import Concat, MeanCI, TileImage
 from vramfabric.coordinator.results import Progress
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import (

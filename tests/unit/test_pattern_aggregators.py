@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vramfabric.coordinator.aggregate import Concat, MeanCI, TileImage, bind_dtype
+from vramfabric.coordinator.aggregate import bind_dtype
+from vramfabric.coordinator.patterns import Concat, MeanCI, TileImage
 
 
 def test_mean_ci_gives_the_scaled_mean_and_a_normal_interval() -> None:
