@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,22 +23,26 @@ from vramfabric.broker.errors import (
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.broker.messages import ChunkResult
+from vramfabric.broker.messages import ChunkResult, JobSpec, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
 from .fleet import FleetView
 from .jobrun import JobRun
-from .jobs import Job, finished_chunks, publish_spec
+from .jobs import Job, publish_spec
+from .leasing import LeasePool
 from .lifecycle import sweep
 from .metrics import CoordinatorMetrics
-from .rerun import failed_chunks, reopen
 from .results import Progress
 from .settings import CoordinatorSettings
 from .timeline import Point
 from .work import upload
 
 log = logging.getLogger(__name__)
+
+
+def _any_node(_advert: NodeAdvert) -> bool:
+    return True
 
 
 @attrs.frozen
@@ -147,16 +152,8 @@ class Fabric:
             Exception: whatever the aggregator raised on a result, as soon as it did.
         """
         t0 = time.perf_counter()
-        spec = job.spec(self.settings)
-        bind_dtype(aggregator, job.output_dtype)
-        self._check_code(job)
-        await upload(self._kernels, job.work)
-        await publish_spec(self.conn, self.broker, spec)
-        retried: list[int] = []
-        if retry_failed:
-            stored = await finished_chunks(self.conn, self.broker, spec)
-            retried = await failed_chunks(self.conn, self.broker, spec, len(stored))
-            await reopen(self.conn, self.broker, spec, retried)
+        spec = await self._prepare(job, aggregator)
+        pool = self.lease_set(spec.job_id, job.work.runs_on)
         run = JobRun(
             self.conn,
             self.broker,
@@ -166,10 +163,45 @@ class Fabric:
             job,
             spec,
             aggregator,
+            pool,
             progress,
+            retry_failed,
         )
-        done = await run.start()
-        results, phases = run.results, run.phases
+        done, retried = await run.start()
+        value = await self._drive(run, done, retried, slices, min_slices, timeout_s)
+        return self._result(run, value, len(done), time.perf_counter() - t0)
+
+    def lease_set(self, name: str, eligible: Callable[[NodeAdvert], bool] = _any_node) -> LeasePool:
+        """A lease set of this tenant, its leases labelled `name` on the nodes (none held yet)."""
+        return LeasePool(
+            self.conn,
+            self.broker,
+            self.settings,
+            self.fleet,
+            name,
+            self.metrics,
+            eligible=eligible,
+        )
+
+    async def _prepare(self, job: Job, aggregator: Aggregator) -> JobSpec:
+        """The job's spec, stored, with its code checked and uploaded."""
+        spec = job.spec(self.settings)
+        bind_dtype(aggregator, job.output_dtype)
+        self._check_code(job)
+        await upload(self._kernels, job.work)
+        await publish_spec(self.conn, self.broker, spec)
+        return spec
+
+    async def _drive(
+        self,
+        run: JobRun,
+        done: set[int],
+        retried: set[int],
+        slices: int | None,
+        min_slices: int,
+        timeout_s: float | None,
+    ) -> Any:
+        """Complete the run and end it, whatever ends it; return the aggregate."""
         outcome, value = "failed", None
         try:
             await run.record.start()
@@ -179,10 +211,11 @@ class Fabric:
             ):
                 outcome = "timeout"
                 raise JobTimeout(
-                    f"job {spec.job_id}: {results.n_done}/{run.n_chunks or '?'} chunks "
+                    f"job {run.spec.job_id}: {run.results.n_done}/{run.n_chunks or '?'} chunks "
                     f"done after {timeout_s}s"
                 )
-            outcome, value = "failed" if results.n_failed else "done", aggregator.value()
+            outcome = "failed" if run.results.n_failed else "done"
+            value = run.aggregator.value()
         except (asyncio.CancelledError, KeyboardInterrupt):
             # The coordinator is being stopped, not the job: like a crash, a rerun resumes it.
             # Its consumer stays, so the acks of chunks still running land and nothing that
@@ -190,24 +223,28 @@ class Fabric:
             outcome = "stopped"
             raise
         finally:
-            series = await run.end(outcome, value)
+            run.series = await run.end(outcome, value)
             if outcome != "stopped":
                 await self._sweep()  # after every run that ended, well or not
+        return value
+
+    def _result(self, run: JobRun, value: Any, resumed: int, total_s: float) -> JobResult:
+        results, phases = run.results, run.phases
         phases["aggregate_s"] = results.aggregate_s
-        phases["total_s"] = time.perf_counter() - t0
-        self.metrics.job_seconds.labels(tenant=spec.tenant).observe(phases["total_s"])
+        phases["total_s"] = total_s
+        self.metrics.job_seconds.labels(tenant=run.spec.tenant).observe(total_s)
         return JobResult(
-            job_id=spec.job_id,
+            job_id=run.spec.job_id,
             n_chunks=run.n_chunks or results.n_done,
             n_ok=results.n_ok,
             n_failed=results.n_failed,
             value=value,
             failures=tuple(results.failures),
-            resumed=len(done),
+            resumed=resumed,
             leases_peak=run.pool.peak,
             lease_history=tuple(run.pool.history),
             phases_s=phases,
-            series=series,
+            series=run.series,
         )
 
     def _check_code(self, job: Job) -> None:

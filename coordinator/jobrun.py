@@ -1,9 +1,11 @@
-"""JobRun: one run of one job, from following its results to releasing its leases.
+"""JobRun: one run of one job on a lease set, from following its results to finishing it.
 
-Fabric.run prepares a job (spec, uploaded work, reopened failures) and drives one JobRun:
-`start` follows the job's results and dead letters, `complete` submits the chunks still to
-do through a bounded window while results are folded (leasing slices just before the first
-chunk goes out), and `end` takes everything down again, whatever ended the run.
+Fabric.run prepares a job (spec, uploaded work) and drives one JobRun on a lease set of its
+own: `start` follows the job's results and dead letters and finds what an earlier run
+finished (reopening failures for `retry_failed`), `complete` submits the chunks still to do
+through a bounded window while results are folded (leasing slices just before the first
+chunk goes out, growing the set while it runs), and `end` takes everything down again,
+whatever ended the run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .jobs import Job, finished_chunks, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
 from .record import RunRecord
+from .rerun import reopen
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
 from .submit import Submission, Window
@@ -48,11 +51,14 @@ class JobRun:
     job: Job
     spec: JobSpec
     aggregator: Aggregator
+    # The lease set the run's chunks go to (its leases are labelled with the job's id).
+    pool: LeasePool
     progress: Progress | None = None
+    # Submit again the chunks whose stored result is a failure.
+    retry_failed: bool = False
     results: ResultsConsumer = attrs.field(init=False)
     window: Window = attrs.field(init=False)
     exhausted: ExhaustedWatcher = attrs.field(init=False)
-    pool: LeasePool = attrs.field(init=False)
     record: RunRecord = attrs.field(init=False)
     timeline: Timeline = attrs.field(init=False)
     # Seconds per phase: acquire_s, submit_s, execute_s, release_s.
@@ -61,6 +67,8 @@ class JobRun:
     # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
     submitted: bool = attrs.field(default=False, init=False)
     _t_submit: float = attrs.field(default=0.0, init=False)
+    # The timeline's samples, once the run ended.
+    series: tuple[Point, ...] = attrs.field(default=(), init=False)
 
     def __attrs_post_init__(self) -> None:
         """Build the run's parts; nothing talks to the server until `start`."""
@@ -75,26 +83,27 @@ class JobRun:
             total=None if self.job.streamed else self.spec.n_chunks,
             on_result=self.window.finished,
             stall_s=self.settings.follow_stall_s,
+            set_aside_failed=self.retry_failed,
         )
         self.exhausted = ExhaustedWatcher(self.conn, self.broker, self.spec)
-        self.pool = LeasePool(
-            self.conn,
-            self.broker,
-            self.settings,
-            self.fleet,
-            self.spec.job_id,
-            self.metrics,
-            eligible=self.job.work.runs_on,
-        )
         self.record = RunRecord(self.conn, self.broker, self.spec)
         self.timeline = Timeline(lambda: len(self.pool), lambda: self.results.n_done)
 
-    async def start(self) -> set[int]:
-        """Follow the job's results and dead letters; return the chunks that have a result."""
+    async def start(self) -> tuple[set[int], set[int]]:
+        """Follow the job's results and dead letters.
+
+        Returns:
+            The chunks with a final result, and (`retry_failed`) the failed ones reopened.
+        """
         try:
             await self.results.start()
             await self.exhausted.start()
-            return await finished_chunks(self.conn, self.broker, self.spec)
+            done = await finished_chunks(self.conn, self.broker, self.spec)
+            if not self.retry_failed:
+                return done, set()
+            retried = await self.results.replayed(done)
+            await reopen(self.conn, self.broker, self.spec, retried)
+            return done - retried, retried
         except BaseException:
             # Nothing was leased or submitted yet: stop following, or the subscriptions
             # would outlive the failed call on the caller's connection.
@@ -109,7 +118,7 @@ class JobRun:
     async def complete(
         self,
         done: set[int],
-        retried: list[int],
+        retried: set[int],
         slices: int | None,
         min_slices: int,
         timeout_s: float | None,
@@ -131,7 +140,7 @@ class JobRun:
             self.window,
             self.results,
             done,
-            set(retried),
+            retried,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
             rerun=uuid.uuid4().hex[:8] if retried else "",

@@ -1,4 +1,8 @@
-"""LeasePool: elastic acquisition, batched renewal and batched release of one job's leases.
+"""LeasePool: a lease set. Elastic acquisition, batched renewal, shrinking and release.
+
+A lease set outlives any one use of it: a batch run (JobRun) labels its set with the job's
+id, so the nodes pull that job's chunks for its leases; an interactive block
+(`fabric.gpu()`) holds one of its own for direct calls. Several runs and calls may use one.
 
 Every request fits the server's max payload: an acquire asks one node for at most
 `max_lease_batch` leases, and renewals and releases carry at most MAX_LEASE_IDS ids each, so
@@ -13,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -52,7 +56,7 @@ _KNOCK_GAP_S = 0.5
 
 @attrs.define
 class LeasePool:
-    """The leases one job holds, by lease id; grows elastically and renews itself."""
+    """The leases of one set (labelled `job` on the nodes), by id; grows, shrinks, renews."""
 
     conn: Connection
     broker: BrokerSettings
@@ -165,10 +169,10 @@ class LeasePool:
             self._note()
         return len(gone)
 
-    def by_node(self) -> dict[str, list[str]]:
-        """Lease ids grouped by node."""
+    def by_node(self, leases: Iterable[Lease] | None = None) -> dict[str, list[str]]:
+        """Lease ids (of the set, or of `leases`) grouped by node."""
         groups: dict[str, list[str]] = defaultdict(list)
-        for lease in self.leases.values():
+        for lease in self.leases.values() if leases is None else leases:
             groups[lease.node].append(lease.lease_id)
         return groups
 
@@ -182,11 +186,11 @@ class LeasePool:
             if not self.closing:
                 await self.renew()
 
-    def batches(self) -> list[tuple[str, tuple[str, ...]]]:
+    def batches(self, leases: Iterable[Lease] | None = None) -> list[tuple[str, tuple[str, ...]]]:
         """(node, lease ids) pairs covering every lease, at most MAX_LEASE_IDS ids each."""
         return [
             (node, tuple(ids[i : i + MAX_LEASE_IDS]))
-            for node, ids in self.by_node().items()
+            for node, ids in self.by_node(leases).items()
             for i in range(0, len(ids), MAX_LEASE_IDS)
         ]
 
@@ -211,6 +215,11 @@ class LeasePool:
                     log.info("leases revoked job=%s count=%d", self.job, len(reply.revoked))
         self._note()
 
+    async def shrink(self, count: int) -> int:
+        """Release up to `count` leases (the latest acquired first); return how many went."""
+        ids = list(self.leases)[-count:] if count > 0 else []
+        return await self._release_ids(ids)
+
     async def release(self) -> int:
         """Release every lease now, in batches per node, in parallel; return the count."""
         self.closing = True
@@ -218,13 +227,15 @@ class LeasePool:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        requests = [(node, ReleaseRequest(ids)) for node, ids in self.batches()]
+        return await self._release_ids(list(self.leases))
+
+    async def _release_ids(self, lease_ids: list[str]) -> int:
+        gone = [self.leases.pop(i) for i in lease_ids if i in self.leases]
+        requests = [(node, ReleaseRequest(ids)) for node, ids in self.batches(gone)]
         replies = await self._call_all("release", requests, ReleaseReply)
-        released = sum(len(r.released) for r in replies if isinstance(r, ReleaseReply))
         # Leases whose release failed expire on their own at their TTL.
-        self.leases.clear()
         self._note()
-        return released
+        return sum(len(r.released) for r in replies if isinstance(r, ReleaseReply))
 
     async def _call_all(
         self, op: str, requests: Sequence[tuple[str, object]], reply_type: type

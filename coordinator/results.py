@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import attrs
 from nats.aio.msg import Msg
@@ -53,6 +53,10 @@ class ResultsConsumer:
     on_result: Callable[[int], None] | None = attrs.field(default=None, kw_only=True)
     # No result for this long while the stream holds some for the job is a follower stall.
     stall_s: float = attrs.field(default=10.0, kw_only=True)
+    # `retry_failed`: stored failed results are set aside for a rerun until `replayed`,
+    # not folded, so one pass over the stream both resumes the job and finds its failures.
+    set_aside_failed: bool = attrs.field(default=False, kw_only=True)
+    set_aside: set[int] = attrs.field(factory=set, init=False)
     n_ok: int = attrs.field(default=0, init=False)
     n_failed: int = attrs.field(default=0, init=False)
     duplicates: int = attrs.field(default=0, init=False)
@@ -66,6 +70,10 @@ class ResultsConsumer:
     _outputs: ObjectStore | None = attrs.field(default=None, init=False)
     # What the aggregator raised: the run stops and raises it (see `wait`).
     _error: Exception | None = attrs.field(default=None, init=False)
+    # While `replayed` waits: the stored chunks, how many of them came through, and a wake-up.
+    _stored: Collection[int] = attrs.field(default=(), init=False)
+    _reached: int = attrs.field(default=0, init=False)
+    _arrived: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Size the seen-table (a byte per chunk) to the job; it grows for a streamed job."""
@@ -95,6 +103,7 @@ class ResultsConsumer:
         """Stop the run with `exc` (see `wait`): no more results will come."""
         self._error = exc
         self._done.set()
+        self._arrived.set()
 
     def set_total(self, n_chunks: int) -> None:
         """The streamed job's chunk count, now that its inputs are read; done if all are in."""
@@ -168,6 +177,8 @@ class ResultsConsumer:
             self.duplicates += 1
             self.metrics.chunks_duplicate_total.labels(tenant=self.spec.tenant).inc()
             return
+        if self._reach(result.index, result.ok):
+            return
         self._seen[result.index] = 1
         if self.on_result is not None:
             self.on_result(result.index)
@@ -176,17 +187,12 @@ class ResultsConsumer:
             try:
                 self.aggregator.add(result.index, result.output)
             except Exception as exc:  # the aggregator's (or the user's) bug: `wait` raises it
-                self._error = exc
-                self._done.set()
+                self._fail(exc)
                 return
             self.aggregate_s += time.perf_counter() - t0
             self.n_ok += 1
         else:
-            self.n_failed += 1
-            kind = result.error_kind.value if result.error_kind else "error"
-            self.metrics.chunks_failed_total.labels(tenant=self.spec.tenant, kind=kind).inc()
-            if len(self.failures) < MAX_KEPT_FAILURES:
-                self.failures.append(result)
+            self._count_failure(result)
         self._done_total.inc()
         if result.attempt > 1:
             self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(result.attempt - 1)
@@ -194,6 +200,41 @@ class ResultsConsumer:
             self.on_progress(self)
         if self.n_done == self.total:
             self._done.set()
+
+    def _count_failure(self, result: ChunkResult) -> None:
+        self.n_failed += 1
+        kind = result.error_kind.value if result.error_kind else "error"
+        self.metrics.chunks_failed_total.labels(tenant=self.spec.tenant, kind=kind).inc()
+        if len(self.failures) < MAX_KEPT_FAILURES:
+            self.failures.append(result)
+
+    def _reach(self, index: int, ok: bool) -> bool:
+        """Count a stored chunk come through for `replayed`; True if its failure is set aside."""
+        aside = self.set_aside_failed and not ok
+        if index in self._stored and index not in self.set_aside:
+            self._reached += 1
+            self._arrived.set()
+        if aside:
+            self.set_aside.add(index)
+        return aside
+
+    async def replayed(self, stored: Collection[int]) -> set[int]:
+        """Wait until every chunk of `stored` came through; return the failed ones set aside.
+
+        From then on failures are folded like any result (those of the rerun are final).
+
+        Raises:
+            Exception: what the aggregator raised, or FollowerStalled.
+        """
+        self._stored = stored
+        self._reached = sum(1 for i in stored if self.seen(i) or i in self.set_aside)
+        while self._reached < len(stored) and self._error is None:
+            self._arrived.clear()
+            await self._arrived.wait()
+        self.set_aside_failed, self._stored = False, ()
+        if self._error is not None:
+            raise self._error
+        return self.set_aside
 
     async def wait(self, timeout_s: float | None) -> bool:
         """Wait until every chunk has a result; False on timeout.
