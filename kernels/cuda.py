@@ -86,7 +86,8 @@ class CudaKernel:
         if self.source:
             # Here rather than at submission: whoever builds the kernel (a Job, a JOB.toml,
             # a worker reading a blob) learns of a compile error before any chunk runs.
-            check_source(self.name, self.source, self.entry, CudaSettings.from_env().archs)
+            settings = CudaSettings.from_env()
+            check_source(self.name, self.source, self.entry, settings.archs, settings.cache())
 
     @property
     def digest(self) -> str:

@@ -1,6 +1,7 @@
 // CUDA built-ins on the host: a kernel's .cu source compiles with g++ under this header and
 // its grid runs as loops on one CPU thread. Each CUDA thread of a block that calls
-// __syncthreads is a fiber (ucontext); __shared__ variables are one per block (static,
+// __syncthreads is a fiber (a register switch on x86-64, ucontext elsewhere); __shared__
+// variables are one per block (static,
 // per OS thread, so concurrent launches on different threads do not share them).
 // Warp intrinsics, cooperative groups, tensor cores and inline PTX are refused before
 // compiling (kernels/host.py scans for them).
@@ -46,15 +47,52 @@ static thread_local dim3 blockDim, gridDim;
 static constexpr int warpSize = 32;
 
 namespace vf {
+#if defined(__x86_64__)
+// A fiber switch that saves only the registers the System V ABI makes a callee keep (and the
+// stack pointer). swapcontext also saves and restores the signal mask, a system call each
+// way: 10,000 of them per hyperparam chunk (128 threads x 42 barriers) were most of its 4 ms.
+extern "C" void vf_switch(void** save_sp, void* load_sp);
+__asm__(
+    ".text\n.p2align 4\n.globl vf_switch\n.hidden vf_switch\n.type vf_switch,@function\n"
+    "vf_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n.size vf_switch,.-vf_switch\n");
+struct Fiber { void* sp; bool done; uint3 tid; };
+static thread_local void* scheduler_sp = nullptr;
+inline void to_scheduler(Fiber* f) { vf_switch(&f->sp, scheduler_sp); }
+inline void to_fiber(Fiber* f) { vf_switch(&scheduler_sp, f->sp); }
+// The first switch to the fiber pops six zeroed registers and "returns" into entry, with the
+// stack aligned as at a function's entry (entry never returns).
+inline void start_fiber(Fiber& f, unsigned char* stack, size_t bytes, void (*entry)()) {
+  auto top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;
+  *--sp = reinterpret_cast<void*>(entry);
+  for (int r = 0; r < 6; ++r) *--sp = nullptr;
+  f.sp = sp;
+}
+#else
 struct Fiber { ucontext_t context; bool done; uint3 tid; };
 static thread_local ucontext_t scheduler;
+inline void to_scheduler(Fiber* f) { swapcontext(&f->context, &scheduler); }
+inline void to_fiber(Fiber* f) { swapcontext(&scheduler, &f->context); }
+inline void start_fiber(Fiber& f, unsigned char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = bytes;
+  f.context.uc_link = &scheduler;
+  makecontext(&f.context, entry, 0);
+}
+#endif
 static thread_local Fiber* current = nullptr;
 static thread_local unsigned char* dynamic_shared = nullptr;
 }  // namespace vf
 
 // A barrier: back to the block's scheduler, which runs every other thread up to here.
 inline void __syncthreads() {
-  if (vf::current != nullptr) swapcontext(&vf::current->context, &vf::scheduler);
+  if (vf::current != nullptr) vf::to_scheduler(vf::current);
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -160,10 +198,11 @@ struct Pool {
 };
 static thread_local Pool pool;
 
-inline void fiber_main(unsigned index) {
-  Fiber& fiber = fibers[index];
+// A fiber's whole life: the kernel's body, then back to the scheduler for good.
+inline void fiber_main() {
   launch_state.body(launch_state.closure);
-  fiber.done = true;
+  current->done = true;
+  to_scheduler(current);
 }
 
 // Run one block: with fibers when the kernel has barriers, else thread after thread.
@@ -181,11 +220,7 @@ inline int run_block(void (*body)(void*), void* closure, bool barriers, unsigned
     Fiber& f = fibers[i];
     f.done = false;
     f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = stacks + (size_t)i * kStackBytes;
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &scheduler;
-    makecontext(&f.context, (void (*)())fiber_main, 1, i);
+    start_fiber(f, stacks + (size_t)i * kStackBytes, kStackBytes, fiber_main);
   }
   // Each round runs every live thread to its next barrier (or its end).
   for (unsigned live = n; live > 0;) {
@@ -194,7 +229,7 @@ inline int run_block(void (*body)(void*), void* closure, bool barriers, unsigned
       if (fibers[i].done) continue;
       current = &fibers[i];
       threadIdx = fibers[i].tid;
-      swapcontext(&scheduler, &fibers[i].context);
+      to_fiber(&fibers[i]);
       live += fibers[i].done ? 0 : 1;
     }
   }

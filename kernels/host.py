@@ -47,7 +47,7 @@ def launcher(kernel: CudaKernel, settings: CudaSettings | None = None) -> Callab
     """
     if not kernel.source:
         raise KernelCompileError(f"{kernel.name}: the host path runs CUDA source, not PTX")
-    cache = (settings or CudaSettings.from_env()).host_cache
+    cache = (settings or CudaSettings.from_env()).cache()
     # One lock: threads starting the same new kernel wait for one g++, not one each.
     with _lock:
         path = build(kernel.name, kernel.source, kernel.entry, cache)

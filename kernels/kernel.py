@@ -5,9 +5,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from .cuda import CudaKernel
 
 # reference(xp, args, data) -> output bytes; `xp` is numpy or cupy.
 Reference = Callable[[ModuleType, Mapping[str, Any], bytes], bytes]
@@ -27,8 +30,14 @@ class Kernel:
         max_input_bytes / max_output_bytes: hard limits checked on every call.
         workspace_bytes: device memory a call needs beside its input and output; a
             slice smaller than the sum cannot run it.
-        source / entry: CUDA source and entry point (empty until a CUDA version exists).
+        source / entry: the CUDA source file and entry point of its CUDA version (hashed
+            into the digest; empty when it has none).
         version: bump when the reference's numbers change, so the digest changes.
+        cuda: builds the CUDA version (a CudaKernel, built once per process): workers run
+            it, launched on a GPU and on the host path of a simulated one, and the
+            reference becomes its oracle. None: the reference runs everywhere.
+        validate: raises ValueError for an input the kernel refuses (the reference's
+            checks), run before the CUDA version, which has no way to say why.
     """
 
     name: str
@@ -40,6 +49,8 @@ class Kernel:
     source: str = ""
     entry: str = ""
     version: str = "1"
+    cuda: Callable[[], CudaKernel] | None = attrs.field(default=None, eq=False, repr=False)
+    validate: Callable[[bytes], object] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def digest(self) -> str:
@@ -64,11 +75,7 @@ class Kernel:
             KernelArgumentError: the input or output breaks a limit, or the reference
                 rejected its arguments with a ValueError.
         """
-        if len(data) > self.max_input_bytes:
-            raise KernelArgumentError(
-                f"{self.name}: input of {len(data)} bytes exceeds "
-                f"max_input_bytes={self.max_input_bytes}"
-            )
+        self.check_input(data)
         try:
             out = self.reference(xp, args, data)
         except ValueError as exc:
@@ -79,3 +86,20 @@ class Kernel:
                 f"max_output_bytes={self.max_output_bytes}"
             )
         return out
+
+    def check_input(self, data: bytes) -> None:
+        """Check `data` against `max_input_bytes` and `validate`.
+
+        Raises:
+            KernelArgumentError: it is too large, or `validate` refused it.
+        """
+        if len(data) > self.max_input_bytes:
+            raise KernelArgumentError(
+                f"{self.name}: input of {len(data)} bytes exceeds "
+                f"max_input_bytes={self.max_input_bytes}"
+            )
+        if self.validate is not None:
+            try:
+                self.validate(data)
+            except ValueError as exc:
+                raise KernelArgumentError(f"{self.name}: {exc}") from None

@@ -2,7 +2,9 @@
 
 It needs no GPU and no driver, only the `cuda` extra (`nvidia-cuda-nvrtc-cu12`,
 `cuda-bindings`). Without it the check is skipped, with one warning per process. Results
-are cached per source, entry and architectures, so a kernel is compiled once per process.
+are cached per source, entry and architectures, so a kernel is compiled once per process;
+with a HostCache a pass is also kept on disk (one empty file), so the executors of a node
+(and later runs) do not each compile a kernel that passed once. Failures are not kept there.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import logging
 import re
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from .cuda_compile import KernelCompileError
+from .host_cache import HostCache
 from .kernel import KernelArgumentError
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,9 @@ def nvrtc_module() -> ModuleType | None:
         return None
 
 
-def check_source(name: str, source: str, entry: str, archs: Sequence[str]) -> bool:
+def check_source(
+    name: str, source: str, entry: str, archs: Sequence[str], cache: HostCache | None = None
+) -> bool:
     """Compile `source` for each of `archs`; False if NVRTC is not installed (nothing checked).
 
     Raises:
@@ -61,11 +67,33 @@ def check_source(name: str, source: str, entry: str, archs: Sequence[str]) -> bo
     key = (hashlib.sha256(source.encode()).hexdigest(), entry, tuple(archs))
     with _lock:
         if key not in _checked:
-            _checked[key] = _first_failure(nvrtc, name, source, entry, archs)
+            _checked[key] = _verdict(nvrtc, name, source, entry, archs, cache)
         failure = _checked[key]
     if failure is not None:
         raise CudaSourceError(str(failure), failure.log)
     return True
+
+
+def _verdict(
+    nvrtc: Any, name: str, source: str, entry: str, archs: Sequence[str], cache: HostCache | None
+) -> CudaSourceError | None:
+    """The first failure, or None: from a pass kept in `cache`, else compiled (and kept)."""
+    if cache is None:
+        return _first_failure(nvrtc, name, source, entry, archs)
+    _, major, minor = nvrtc.nvrtcVersion()
+    marker = hashlib.sha256(f"{major}.{minor}\0{source}\0{entry}\0{archs}".encode()).hexdigest()
+
+    def compile_all(path: Path) -> None:
+        failure = _first_failure(nvrtc, name, source, entry, archs)
+        if failure is not None:
+            raise failure
+        path.write_bytes(b"")
+
+    try:
+        cache.make(f"nvrtc-{marker[:32]}.ok", compile_all)
+    except CudaSourceError as exc:
+        return exc
+    return None
 
 
 def _first_failure(

@@ -1,7 +1,10 @@
 """CudaSettings: where CUDA sources are checked and run without a GPU, read from the environment.
 
 `VRAMFABRIC_CUDA_ARCHS` (default `sm_80,sm_90`) lists the architectures NVRTC compiles every
-CUDA kernel for; `VRAMFABRIC_HOST_CACHE` is the folder of the host path's compiled libraries.
+CUDA kernel for; `VRAMFABRIC_HOST_CACHE` is the folder of the host path's compiled libraries
+(and NVRTC's verdicts); `VRAMFABRIC_HOST_BUILTINS` is the node's folder of the built-in
+kernels' libraries (default: the host cache's name with `-builtins`), which the node agent
+fills and passes to its executors.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
+
+from .host_cache import HostCache
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _ARCH = re.compile(r"sm_\d{2,3}[a-z]?")
@@ -38,21 +43,34 @@ def _default_cache() -> Path:
 
 @attrs.frozen
 class CudaSettings:
-    """NVRTC's target architectures and the host path's library cache."""
+    """NVRTC's target architectures and the host path's library caches."""
 
     archs: tuple[str, ...] = DEFAULT_ARCHS
     host_cache: Path = attrs.field(factory=_default_cache)
+    host_builtins: Path | None = None
+
+    @property
+    def builtins_dir(self) -> Path:
+        """The node's folder of built-in kernels' libraries."""
+        # Beside the host cache, not in it: that one is 0700 and executors of other uids read this.
+        return self.host_builtins or self.host_cache.with_name(f"{self.host_cache.name}-builtins")
+
+    def cache(self) -> HostCache:
+        """The host cache: this process's folder, and the node's built-ins to read first."""
+        return HostCache(self.host_cache, self.builtins_dir)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CudaSettings:
-        """Read `VRAMFABRIC_CUDA_ARCHS` and `VRAMFABRIC_HOST_CACHE`.
+        """Read `VRAMFABRIC_CUDA_ARCHS`, `VRAMFABRIC_HOST_CACHE`, `VRAMFABRIC_HOST_BUILTINS`.
 
         Raises:
             ValueError: VRAMFABRIC_CUDA_ARCHS is malformed.
         """
         archs = environ.get("VRAMFABRIC_CUDA_ARCHS")
         cache = environ.get("VRAMFABRIC_HOST_CACHE")
+        builtins = environ.get("VRAMFABRIC_HOST_BUILTINS")
         return cls(
             archs=parse_archs(archs) if archs else DEFAULT_ARCHS,
             host_cache=Path(cache) if cache else _default_cache(),
+            host_builtins=Path(builtins) if builtins else None,
         )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tests.cuda_host_samples import SAMPLES
 from tests.cuda_samples import SAXPY, SAXPY_PTX
 from vramfabric.kernels import CudaKernel, HostUnsupported, KernelCompileError, hyperparam
-from vramfabric.kernels.host_build import build
+from vramfabric.kernels.host_build import build, host_source, library_name
+from vramfabric.kernels.host_cache import HostCache
 
 RNG_SEED = 16
 # float32 tolerance of the hyperparameter kernel against NumPy: the sums run in another
@@ -124,11 +127,17 @@ def test_an_unsupported_feature_is_refused_with_its_line(line: str, feature: str
         kernel.run_host(b"")
 
 
-def test_a_host_compile_error_names_the_line(tmp_path: object) -> None:
+def test_a_host_compile_error_names_the_line(tmp_path: Path) -> None:
     # NVRTC accepts it, g++ does not: the host header lacks this intrinsic.
     source = 'extern "C" __global__ void k(float* out) {\n  out[0] = __frsqrt_rn(2.0f);\n}\n'
     with pytest.raises(KernelCompileError, match=r"k: line 2: error: .*__frsqrt_rn"):
-        build("k", source, "k", tmp_path)  # type: ignore[arg-type]
+        build("k", source, "k", HostCache(tmp_path))
+    # No library and no partial file is left behind, only the (empty) lock.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{library_name_of(source)}.lock"]
+
+
+def library_name_of(source: str) -> str:
+    return library_name(host_source(source, "k"))
 
 
 def test_a_ptx_kernel_runs_its_reference_on_the_host_path() -> None:

@@ -170,7 +170,7 @@ def test_get_kernel_with_unknown_name_raises_kernel_missing() -> None:
 
 
 def test_get_kernel_with_another_digest_raises_kernel_missing() -> None:
-    newer = attrs.evolve(HYPERPARAM_EVAL, version="2")
+    newer = attrs.evolve(HYPERPARAM_EVAL, version="9")
     with pytest.raises(KernelMissing, match="not registered"):
         builtin_registry().get_kernel("hyperparam_eval", newer.digest)
 
@@ -194,7 +194,7 @@ def test_with_kernels_returns_a_new_registry() -> None:
 
 
 def test_with_kernels_replaces_a_same_named_kernel() -> None:
-    newer = attrs.evolve(HYPERPARAM_EVAL, version="2")
+    newer = attrs.evolve(HYPERPARAM_EVAL, version="9")
     registry = builtin_registry().with_kernels([newer])
     assert registry.get_kernel("hyperparam_eval") is newer
     assert len(registry) == 1
@@ -217,7 +217,7 @@ def test_digest_is_a_stable_sha256_hex() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [{"version": "2"}, {"name": "other"}, {"source": "__global__ void k(){}"}, {"entry": "k"}],
+    [{"version": "9"}, {"name": "other"}, {"source": "__global__ void k(){}"}, {"entry": "k"}],
     ids=lambda c: next(iter(c)),
 )
 def test_digest_changes_with_version_name_source_and_entry(change: dict[str, str]) -> None:
