@@ -131,15 +131,16 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
     )
     publish = [
         f"{s.prefix}.lease.{tenant}.>",  # imported: the nodes' lease service
+        s.tenant_calls_filter(tenant),  # imported: interactive calls on its leases
         s.work_filter(tenant),
         s.result_filter(tenant),  # the coordinator records chunks that ran out of deliveries
         s.kv_subjects(s.jobs_bucket())[:-1] + f"{tenant}.>",  # its own job specs and records
-        # Reading back its own jobs' keys (run records): the direct get names the key.
-        f"{_API}.DIRECT.GET.{s.kv_stream(s.jobs_bucket())}."
-        + s.kv_subjects(s.jobs_bucket())[:-1]
-        + f"{tenant}.>",
         s.object_subjects(kernels),
         *(p for stream in own_streams for p in _stream_reads(stream)),
+        # The jobs bucket in the tenant's account holds this tenant's keys alone: reading it
+        # whole (pages of run records for `jobs`) or purging a removed job's keys reaches
+        # nothing of anyone else's.
+        *_stream_reads(s.kv_stream(s.jobs_bucket())),
         # A chunk that ran out of deliveries stays in the work queue until its coordinator
         # deletes it (coordinator/exhausted.py).
         f"{_API}.STREAM.MSG.DELETE.{s.work_stream(tenant)}",
@@ -147,7 +148,8 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         # nats-py's object-store get looks its stream up by subject.
         f"{_API}.STREAM.NAMES",
     ]
-    subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter()]
+    # A running job hears a `cancel` on its record's own subject (coordinator/record.py).
+    subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter(), s.job_records(tenant)]
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 
@@ -172,6 +174,7 @@ def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]
         f"{s.inbox_prefix(WORKERS_USER)}.>",
         s.advert_filter(),
         f"{s.prefix}.lease.>",
+        f"{s.prefix}.call.>",
     ]
     return {
         "publish": {"allow": publish},
@@ -230,7 +233,8 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
     checkpoints. A tenant's account holds its user, its streams, buckets and stores, and
     the operator's user for it. What crosses (docs/operations.md has the picture): lease
     requests of that tenant to the nodes, adverts and reads of the adverts bucket (fabric
-    to tenant); the work, result, code and output paths the workers need (tenant to fabric).
+    to tenant); interactive calls of that tenant to the nodes (fabric to tenant); the work,
+    result, code and output paths the workers need (tenant to fabric).
     A request that crosses is answered on a reply subject the server makes, which leads back
     to the asker's account and nowhere else.
     """
@@ -247,6 +251,7 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
         _export("stream", s.advert_filter(), every),
         *(_export("service", sub, every) for sub in fleet),
         *(_export("service", f"{s.prefix}.lease.{n}.>", [tenant_account(n)]) for n in names),
+        *(_export("service", s.tenant_calls_filter(n), [tenant_account(n)]) for n in names),
     ]
     fabric_imports: list[dict[str, object]] = []
     out: dict[str, object] = {}
@@ -269,6 +274,7 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
             ],
             "imports": [
                 _service(f"{s.prefix}.lease.{n}.>", FABRIC_ACCOUNT),
+                _service(s.tenant_calls_filter(n), FABRIC_ACCOUNT),
                 {"stream": {"account": FABRIC_ACCOUNT, "subject": s.advert_filter()}},
                 *(
                     _service(src, FABRIC_ACCOUNT, to)

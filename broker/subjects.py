@@ -21,6 +21,10 @@ HEADER_MSG_ID = "Nats-Msg-Id"
 
 LEASE_OPS = ("acquire", "renew", "release")
 
+# Leases held for interactive calls (`fabric.gpu()`) carry a job name with this prefix: no
+# job, consumer or spec exists for them, so nodes start no puller.
+INTERACTIVE_JOB_PREFIX = "_gpu_"
+
 # The JetStream API of a client's own account.
 JS_API = "$JS.API"
 
@@ -74,6 +78,35 @@ class Subjects:
         if parts[4] not in LEASE_OPS:
             raise ValueError(f"unknown lease op {parts[4]!r}")
         return parts[2], parts[3], parts[4]
+
+    def call(self, tenant: str, node: str) -> str:
+        """Request subject of an interactive call on one of the tenant's leases on one node."""
+        return f"{self.prefix}.call.{token(tenant, 'tenant')}.{token(node, 'node')}"
+
+    def call_filter(self, node: str) -> str:
+        """Wildcard over every tenant's interactive calls to one node."""
+        return f"{self.prefix}.call.*.{token(node, 'node')}"
+
+    def tenant_calls_filter(self, tenant: str) -> str:
+        """Wildcard over one tenant's interactive calls to any node (its account's import)."""
+        return f"{self.prefix}.call.{token(tenant, 'tenant')}.>"
+
+    def parse_call(self, subject: str) -> tuple[str, str]:
+        """Split a call subject into (tenant, node); ValueError if it is not one."""
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != self.prefix or parts[1] != "call":
+            raise ValueError(f"not a call subject: {subject!r}")
+        return token(parts[2], "tenant"), token(parts[3], "node")
+
+    @staticmethod
+    def interactive_job(name: str) -> str:
+        """The job name the leases of one `fabric.gpu()` block are labelled with."""
+        return f"{INTERACTIVE_JOB_PREFIX}{token(name, 'name')}"
+
+    @staticmethod
+    def is_interactive(job: str) -> bool:
+        """Whether leases of `job` serve interactive calls (no job behind them)."""
+        return job.startswith(INTERACTIVE_JOB_PREFIX)
 
     def work(self, tenant: str, job: str) -> str:
         """Subject that carries a job's chunk submissions."""
@@ -292,6 +325,14 @@ class Subjects:
     def job_state_key(tenant: str, job: str) -> str:
         """Key of a job's run record (JobRecord) in the jobs bucket, beside its spec."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}.state"
+
+    def job_record(self, tenant: str, job: str) -> str:
+        """The stream subject of a job's run record: `cancel` publishes there, runs listen."""
+        return self.kv_subject(self.jobs_bucket(), self.job_state_key(tenant, job))
+
+    def job_records(self, tenant: str) -> str:
+        """Wildcard over the stream subjects of every run record of one tenant (`jobs`)."""
+        return self.kv_subject(self.jobs_bucket(), f"{token(tenant, 'tenant')}.*.state")
 
     @staticmethod
     def kv_job_filter(bucket: str, tenant: str, job: str) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -28,6 +29,7 @@ from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
 from .fleet import FleetView
+from .interactive import GpuSession, call_work, gpu_session
 from .jobrun import JobRun
 from .jobs import Job, publish_spec
 from .leasing import LeasePool
@@ -36,7 +38,7 @@ from .metrics import CoordinatorMetrics
 from .results import Progress
 from .settings import CoordinatorSettings
 from .timeline import Point
-from .work import upload
+from .work import JobWork, upload
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ class Fabric:
     _kernels: ObjectStore = attrs.field(init=False)
     _owns_conn: bool = False
     metrics: CoordinatorMetrics = attrs.field(factory=CoordinatorMetrics)
+    # The work of interactive calls, once uploaded to the tenant's kernels store.
+    _call_work: JobWork | None = attrs.field(default=None, init=False)
 
     @classmethod
     async def connect(
@@ -123,6 +127,28 @@ class Fabric:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def gpu(
+        self, vram: int | str | None = None, *, wait_s: float = 30.0
+    ) -> AbstractAsyncContextManager[GpuSession]:
+        """Lease one slice of `vram` (bytes or "2GiB") for an `async with` block.
+
+        The slice is renewed while the block runs and released when it ends, however it
+        ends; `await gpu.run(fn, *args, **kwargs)` runs a function on it.
+
+        Raises:
+            CodeRefused: no live worker runs this Python's functions (on entry).
+            CapacityExceeded: no slice was free within `wait_s` (on entry).
+        """
+        return gpu_session(self, vram, wait_s)
+
+    async def call_work(self) -> JobWork:
+        """The work of interactive calls, uploaded to the tenant's kernels store once."""
+        if self._call_work is None:
+            work = call_work()
+            await upload(self._kernels, work)
+            self._call_work = work
+        return self._call_work
 
     async def run(
         self,

@@ -29,6 +29,7 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
 
 from .adverts import Heartbeat
+from .calls import CallService
 from .execute import ChunkRunner
 from .fairness import FleetShare
 from .gpus import GpuSpec, discover_nvml, parse_simulate
@@ -74,6 +75,8 @@ class Agent:
     _policy: PolicyFile = attrs.field(init=False)
     _service: LeaseService = attrs.field(init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
+    _calls: CallService = attrs.field(init=False)
+    _calls_sub: Subscription | None = attrs.field(default=None, init=False)
     _adverts_sub: Subscription | None = attrs.field(default=None, init=False)
     fair: FleetShare = attrs.field(init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
@@ -160,6 +163,10 @@ class Agent:
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
         )
+        self._calls = CallService(subjects, self._runner, self.metrics, gpus[0].simulated)
+        self._calls_sub = await self.conn.nc.subscribe(
+            subjects.call_filter(self.settings.node), cb=self._calls.dispatch
+        )
         # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
         # A node is ready when it can run chunks at once, not after a process start each, and
@@ -193,6 +200,13 @@ class Agent:
         self._heartbeat.poke()
         key = (tenant, job)
         self._reap_executors()
+        if self.broker.subjects.is_interactive(job):
+            # Calls come by request-reply (worker/calls.py): no job, so no puller.
+            self._calls.leases_changed()
+            for lease in self.ledger.leases_of(tenant, job):
+                if not self._stopping:
+                    self.executors.warm(self.executors.key_of(lease, "python"))
+            return
         puller = self._pullers.get(key)
         if puller is not None:
             self._warm(puller.spec)
@@ -326,9 +340,10 @@ class Agent:
         grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
         self._stopping = True
         self._stopped.set()
-        for sub in (self._sub, self._adverts_sub):
+        for sub in (self._sub, self._adverts_sub, self._calls_sub):
             if sub is not None:
                 await sub.unsubscribe()
+        await self._calls.stop()
         # One snapshot: a puller leaves the map as soon as it stops pulling, chunks still running.
         pullers = list(self._pullers.values())
         for puller in pullers:

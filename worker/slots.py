@@ -27,6 +27,10 @@ import attrs
 
 from vramfabric.broker.errors import ChunkTimeout, ExecutorCrashed
 from vramfabric.broker.messages import Lease
+from vramfabric.kernels import builtin_registry
+from vramfabric.kernels.prebuild import start_prebuild
+from vramfabric.kernels.registry import load_registry
+from vramfabric.kernels.settings import CudaSettings
 
 from .containment import Containment
 from .gpus import GpuSpec
@@ -125,6 +129,7 @@ class ExecutorPool:
         exe.tasks[task_id] = task
         if self._sweep is None:
             self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._check_deadlines)
+        exe.leases.add(lease.lease_id)
         try:
             if work.blob is not None and work.digest not in exe.loaded:
                 exe.loaded.add(work.digest)
@@ -144,6 +149,12 @@ class ExecutorPool:
                 }
             )
             return await task.future
+        except asyncio.CancelledError:
+            # Its caller gave up on it (an interactive call whose lease ended, a stopping
+            # node): the work must not keep running, and holding the slot, in the process.
+            if not task.future.done():
+                exe.kill(FOR_A_NEIGHBOUR)
+            raise
         finally:
             exe.tasks.pop(task_id, None)
             self._last_busy = time.monotonic()
@@ -282,6 +293,12 @@ class ExecutorPool:
         """
         live = self.layout.live_keys(leases)
         stopped = 0
+        for exe in self._procs.values():
+            ended = exe.leases - leases
+            exe.leases -= ended
+            # A GPU executor keeps a stream and a capped pool per lease until told (running.py).
+            if ended and exe.alive and not self.gpus[exe.key[0]].simulated:
+                exe.post({"op": "lease_ended", "leases": sorted(ended)})
         for key, exe in list(self._procs.items()):
             if exe.tasks or key in live or key in self._entering or key[1:] == _SPARE:
                 continue
@@ -301,6 +318,9 @@ class ExecutorPool:
             ExecutorCrashed: it did not start (or say ready within START_PATIENCE_S), e.g.
                 its uid may not run the interpreter: this node cannot run chunks.
         """
+        if self.gpus[0].simulated:  # their executors run registered CUDA on the host path
+            registry = load_registry(builtin_registry(), self.settings.kernel_modules)
+            start_prebuild(registry, CudaSettings.from_env())
         self.keep_spares()
         spares = [t for key, t in self._starting.items() if key[1:] == _SPARE]
         if spares:  # the spares are the probe: they start as tenants' executors would

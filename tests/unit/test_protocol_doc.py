@@ -22,6 +22,7 @@ PLACEHOLDERS = {
     "keyid": "<key>",
     "userid": "<user>",
     "nuidid": "<nuid>",
+    "_gpu_name": "_gpu_<name>",
 }
 
 
@@ -73,6 +74,10 @@ def code_names() -> set[str]:
         s.checkpoint_key("tenantid", "jobid", 424242),
         HEADER_MSG_ID,
         *(s.lease("tenantid", "nodeid", op) for op in LEASE_OPS),
+        s.call("tenantid", "nodeid"),
+        s.call_filter("nodeid"),
+        s.tenant_calls_filter("tenantid"),
+        s.interactive_job("name"),
     }
     out = set()
     for name in names:

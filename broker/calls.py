@@ -1,0 +1,53 @@
+"""Wire types of interactive calls: one function call on one lease, by request-reply.
+
+A `with fabric.gpu()` block holds a lease and sends each `gpu.run` straight to the node that
+holds it, on `Subjects.call(tenant, node)`. The node runs the call in the lease's executor
+slot like a chunk and answers with a CallReply; nothing is stored on the way (no job record,
+consumer or spec). The work is uploaded code named by digest, as a batch job's is.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import ErrorKind
+from .messages import PROTOCOL_VERSION
+from .subjects import token
+
+# What a call's input and reply may carry: the server's default max_payload less room for
+# the envelope. Larger arguments or results belong to a batch job (the object store).
+MAX_CALL_BYTES = 1024 * 1024 - 16 * 1024
+
+
+def _is_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    token(value, attr.name)
+
+
+@attrs.frozen
+class CallRequest:
+    """Run the uploaded work `digest` (a pickled callable) on `input` in lease `lease_id`'s slot.
+
+    The tenant is not a field: it is read from the subject (the server's permissions guard
+    it), and the node serves only a lease of that tenant.
+    """
+
+    lease_id: str = attrs.field(validator=_is_token)
+    name: str
+    digest: str = attrs.field(validator=_is_token)
+    python: str
+    input: bytes
+    timeout_s: float = attrs.field(validator=[attrs.validators.gt(0), attrs.validators.le(86_400)])
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class CallReply:
+    """The outcome of one call: the pickled output, or the error that ended it."""
+
+    ok: bool
+    output: bytes | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    node: str = ""
+    elapsed_s: float = 0.0
+    v: int = PROTOCOL_VERSION

@@ -1,0 +1,79 @@
+"""Both ends of one interactive call's payload: a function, its arguments, its outcome.
+
+`apply` is the work every interactive call runs (uploaded once per tenant, like any
+function): it runs in an executor process, never in a node agent, unpickles the call's
+function and arguments, calls it, and pickles what came of it: the value, or the exception
+with its traceback formatted where it was raised. `outcome` turns that back into the value,
+or raises the exception from a `RemoteTraceback` carrying the remote frames.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from vramfabric.kernels.code import dumps_by_value, wants_context
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on the node (the `__cause__` of the one raised)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\nTraceback on the node:\n{self.text}"""'
+
+
+class RemoteError(Exception):
+    """An exception raised on the node that could not be sent back as itself."""
+
+
+def call_input(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What `apply` receives: the function pickled by value, and the arguments.
+
+    Raises:
+        TypeError: the function or an argument cannot be pickled.
+    """
+    return (dumps_by_value(fn), args, kwargs)
+
+
+def apply(payload: Any, ctx: Any) -> bytes:
+    """Call the payload's function on its arguments; the pickled outcome (never raises)."""
+    fn_bytes, args, kwargs = payload
+    fn = cloudpickle.loads(fn_bytes)
+    if wants_context(fn):
+        kwargs = {**kwargs, "ctx": ctx}
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:  # recorded: it travels back and is raised to the caller
+        return _raised(exc)
+    try:
+        return cloudpickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+    except Exception as exc:  # recorded: the caller learns the value could not travel
+        return _raised(TypeError(f"the function's result cannot be pickled: {exc}"))
+
+
+def _raised(exc: BaseException) -> bytes:
+    text = "".join(traceback.format_exception(exc))
+    try:
+        sent = cloudpickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        cloudpickle.loads(sent)  # some exceptions pickle but do not unpickle
+    except Exception:  # recorded: it is sent as a RemoteError naming it
+        sent = b""
+    body = ("raised", sent, text, f"{type(exc).__name__}: {exc}")
+    return cloudpickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def outcome(data: bytes) -> Any:
+    """The value a call returned, or raise the exception it raised (from its traceback)."""
+    body = pickle.loads(pickle.loads(data))
+    if body[0] == "ok":
+        return body[1]
+    _, sent, text, summary = body
+    exc = pickle.loads(sent) if sent else RemoteError(summary)
+    raise exc from RemoteTraceback(text)

@@ -1,0 +1,187 @@
+"""CallService: interactive calls on `vf.call.<tenant>.<node>`, run in the lease's slot.
+
+A `fabric.gpu()` block sends each call straight here by request-reply. The tenant comes from
+the subject (the server's permissions, and with accounts the tenant's one import, guard
+it), and a call runs only on a live lease of that same tenant: a lease id is not a secret.
+The call runs in the lease's executor like a chunk (the agent never runs users' code), its
+slot held while it runs; its answer is the reply, and nothing is stored. A call whose lease
+is released or expires while it runs is stopped (its executor killed), so the VRAM comes
+back at once, not when the function ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import attrs
+from nats.aio.msg import Msg
+
+from vramfabric.broker.calls import MAX_CALL_BYTES, CallReply, CallRequest
+from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.errors import (
+    ChunkFailed,
+    ErrorKind,
+    InvalidMessage,
+    LeaseExpired,
+    VramfabricError,
+)
+from vramfabric.broker.messages import JobSpec, Lease
+from vramfabric.broker.subjects import Subjects
+
+from .execute import ChunkRunner
+from .metrics import WorkerMetrics
+from .work import refusal
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class CallService:
+    """Serves one node's interactive calls on its leases' executors."""
+
+    subjects: Subjects
+    runner: ChunkRunner
+    metrics: WorkerMetrics
+    simulated: bool
+    # Calls running now, by lease id: stopped when their lease ends.
+    _running: dict[str, asyncio.Task[bytes]] = attrs.field(factory=dict, init=False)
+    # Every call being served: each in a task of its own, so one long call on a node does
+    # not hold back the calls on its other leases.
+    _serving: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+
+    async def dispatch(self, msg: Msg) -> None:
+        """Serve one call in a task of its own (the subscription's callback)."""
+        task = asyncio.get_running_loop().create_task(self.handle(msg))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def stop(self) -> None:
+        """Stop every call being served (the node is stopping)."""
+        for task in list(self._serving):
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def handle(self, msg: Msg) -> None:
+        """Answer one call; a bad one gets a failed CallReply naming why."""
+        t0 = time.time()
+        if not msg.reply or not self.subjects.is_inbox(msg.reply):
+            # Answering would publish, with this agent's rights, where the asker chose.
+            self.metrics.invalid("call.reply")
+            log.warning("call refused: reply %r is not an inbox", msg.reply)
+            return
+        try:
+            tenant, node = self.subjects.parse_call(msg.subject)
+            if node != self.runner.node:
+                raise InvalidMessage("call subject", f"addressed to node {node!r}")
+            req = decode(CallRequest, msg.data)
+            output = await self._run(tenant, req)
+            reply = CallReply(ok=True, output=output, node=node, elapsed_s=time.time() - t0)
+        except (InvalidMessage, ValueError) as exc:
+            self.metrics.invalid("call")
+            reply = self._failed(ErrorKind.INVALID_MESSAGE, str(exc), t0)
+        except ChunkFailed as exc:
+            reply = self._failed(exc.error_kind, str(exc), t0)
+        except VramfabricError as exc:  # refused, timed out, crashed, lease gone: the reply says
+            reply = self._failed(exc.kind, str(exc), t0)
+        except asyncio.CancelledError:
+            if self._stopping():
+                raise
+            # Its lease ended under it (released, expired): the caller hears why.
+            reply = self._failed(ErrorKind.LEASE_EXPIRED, "the lease ended during the call", t0)
+        await msg.respond(encode(reply))
+
+    @staticmethod
+    def _stopping() -> bool:
+        """Whether this handler itself is cancelled (not only the call it awaited)."""
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+    def _failed(self, kind: ErrorKind, error: str, t0: float) -> CallReply:
+        return CallReply(
+            ok=False,
+            error_kind=kind,
+            error=error[:4000],
+            node=self.runner.node,
+            elapsed_s=time.time() - t0,
+        )
+
+    async def _run(self, tenant: str, req: CallRequest) -> bytes:
+        """Run the call in its lease's slot; return the output.
+
+        Raises:
+            LeaseExpired: the lease is not a live lease of this tenant here.
+            CodeRefused: this node (or the tenants file) does not run the tenant's code.
+            VramfabricError: the call failed, timed out or its executor crashed.
+        """
+        runner = self.runner
+        lease = runner.ledger.get(req.lease_id)
+        if (
+            lease is None
+            or lease.tenant != tenant
+            or not self.subjects.is_interactive(lease.job)
+            or not runner.ledger.is_live(lease.lease_id, time.monotonic())
+        ):
+            raise LeaseExpired(req.lease_id)
+        if req.lease_id in self._running:
+            raise ChunkFailed(ErrorKind.ERROR, "the lease runs another call; calls take turns")
+        spec = _spec_of(tenant, lease, req)
+        refused = refusal(
+            spec, runner.settings.allow_code, self.simulated, runner.policy.allows_code(tenant)
+        )
+        if refused is not None:
+            raise refused
+        task = asyncio.get_running_loop().create_task(self._execute(spec, lease, req))
+        self._running[lease.lease_id] = task
+        try:
+            output = await task
+        finally:
+            self._running.pop(lease.lease_id, None)
+        if len(output) > MAX_CALL_BYTES:
+            raise ChunkFailed(
+                ErrorKind.ERROR,
+                f"the result is {len(output)} bytes; a call returns at most {MAX_CALL_BYTES} "
+                "(return less, or run a batch job)",
+            )
+        return output
+
+    async def _execute(self, spec: JobSpec, lease: Lease, req: CallRequest) -> bytes:
+        runner = self.runner
+        work = await runner.loader.work_of(spec)
+        frame: dict[str, Any] = {
+            "args": {},
+            "input": req.input,
+            "attempt": 1,
+            "job": lease.job,
+            "index": 0,
+            "resumed": None,
+        }
+        runner.ledger.occupy(lease.lease_id)
+        try:
+            return await runner.pool.run(lease, work, frame, req.timeout_s)
+        finally:
+            runner.ledger.vacate(lease.lease_id)
+
+    def leases_changed(self) -> None:
+        """Stop the calls whose lease is no longer live (released, expired, drained)."""
+        now = time.monotonic()
+        for lease_id, task in list(self._running.items()):
+            if not self.runner.ledger.is_live(lease_id, now):
+                log.info("call stopped: its lease ended lease=%s", lease_id)
+                task.cancel()
+
+
+def _spec_of(tenant: str, lease: Lease, req: CallRequest) -> JobSpec:
+    """The call as the job spec the code checks and the code loader read."""
+    return JobSpec(
+        tenant=tenant,
+        kernel=req.name,
+        kernel_digest=req.digest,
+        n_chunks=1,
+        kernel_kind="python",
+        python=req.python,
+        timeout_s=req.timeout_s,
+        job_id=lease.job,
+    )
