@@ -300,7 +300,7 @@ class JobRecord:
     """A job's run state, kept beside its spec in KV `vf_jobs` under `<tenant>.<job>.state`.
 
     The coordinator running the job writes `running` at the start and the outcome at the
-    end; `vramfabric cancel` writes `cancelled`, which a running coordinator polls for.
+    end; `vramfabric cancel` writes `cancelled`, which a running coordinator watches for.
     `value` is the aggregate as JSON text when it has one that small, else None.
     """
 
@@ -313,6 +313,9 @@ class JobRecord:
     n_failed: int = attrs.field(default=0, validator=_ge0)
     value: str | None = None
     v: int = PROTOCOL_VERSION
+    # The job's chunk count, so `jobs` lists from the records alone: 0 in records of older
+    # versions, and the largest count (10,000,000) while a streamed job's inputs last.
+    n_chunks: int = attrs.field(default=0, validator=_ge0)
 
 
 @attrs.frozen

@@ -41,6 +41,8 @@ PENDING_MSGS_LIMIT = 65_536
 PENDING_BYTES_LIMIT = 64 * 2**20
 # Resubscribes in a row without a message handled before the follower gives up.
 MAX_STALLS = 3
+# The longest a quiet follower goes without asking the server whether messages wait for it.
+MAX_QUIET_CHECK_S = 120.0
 
 
 class FollowerStalled(VramfabricError):
@@ -81,22 +83,31 @@ class Follower:
         # Progress is judged by messages handled, not by a quick consumer_info: under load its
         # reply queues behind thousands of deliveries, and a short timeout read as "consumer
         # lost" made the follower throw its buffer away and start over again and again.
+        # A quiet follower asks the server once per `check_s`, doubling it up to
+        # MAX_QUIET_CHECK_S while nothing is pending: an idle job (chunks that run for
+        # minutes) costs next to no API calls, and one with messages stuck is still seen.
         seen, quiet_s, period_s = self.handled, 0.0, min(1.0, self.stall_s / 2)
+        check_s = self.stall_s
         while self._running:
             await asyncio.sleep(period_s)  # the check period itself
             if self.handled != seen or self._sub is None:
-                seen, quiet_s, self.stalls = self.handled, 0.0, 0
+                seen, quiet_s, self.stalls, check_s = self.handled, 0.0, 0, self.stall_s
                 continue
             if self._resubscribing and not self._resubscribing.done():
                 continue
             quiet_s += period_s
-            if quiet_s >= self.stall_s and await self._stalled():
-                quiet_s = 0.0
-                self.stalls += 1
-                if self.stalls > MAX_STALLS:
-                    self._fail()
-                    return
-                self._on_reconnect()
+            if quiet_s < check_s:
+                continue
+            quiet_s = 0.0
+            if not await self._stalled():
+                check_s = min(check_s * 2, max(MAX_QUIET_CHECK_S, self.stall_s))
+                continue
+            check_s = self.stall_s
+            self.stalls += 1
+            if self.stalls > MAX_STALLS:
+                self._fail()
+                return
+            self._on_reconnect()
 
     async def _stalled(self) -> bool:
         """Whether the consumer is gone, or has messages pending that do not come."""

@@ -2,7 +2,8 @@
 
 The coordinator running a job writes `running` at the start and the outcome at the end.
 `vramfabric cancel` (coordinator/lifecycle.py) writes `cancelled`; the running coordinator
-polls its record and, when it sees that, stops waiting and releases its leases.
+is subscribed to its record's subject and, when it sees that, stops waiting and releases
+its leases.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from collections.abc import Awaitable
 from typing import Any
 
 import attrs
+import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import Header
 
@@ -34,8 +38,6 @@ from vramfabric.broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
-# How often a running job's record is read for a cancellation.
-_POLL_S = 0.5
 # An aggregate is stored in the record only up to this size of JSON text.
 MAX_VALUE_CHARS = 16_384
 
@@ -148,33 +150,63 @@ class RunRecord:
     cancelled: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _started: bool = attrs.field(default=False, init=False)
     _started_at: float = attrs.field(factory=time.time, init=False)
-    _poller: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _sub: Subscription | None = attrs.field(default=None, init=False)
+    _rereads: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
 
     async def start(self) -> None:
-        """Record the job as running and start polling for a cancellation."""
+        """Record the job as running and watch its record for a cancellation.
+
+        The record's KV subject is subscribed to (a cancel is a plain publish on it), so a
+        running job costs no API calls for this; the record is read once after subscribing,
+        and again after each reconnect, for a cancel published while nobody listened.
+        """
         # The jobs bucket exists: Fabric.run stored the spec in it first.
         rec = JobRecord(
             job=self.spec.job_id,
             kernel=self.spec.kernel,
             state="running",
             started_at=self._started_at,
+            n_chunks=self.spec.n_chunks,
         )
         await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
         self._started = True
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        subject = self.broker.subjects.job_record(self.spec.tenant, self.spec.job_id)
+        with nats_errors():
+            self._sub = await self.conn.nc.subscribe(subject, cb=self._on_update)
+        self.conn.on_reconnect.append(self._reread)
+        await self._check()
 
-    async def _poll(self) -> None:
-        while not self.cancelled.is_set():
-            await asyncio.sleep(_POLL_S)  # the poll period itself
-            try:
-                spec = self.spec
-                rec = await read_record(self.conn.js, self.broker, spec.tenant, spec.job_id)
-            except VramfabricError as exc:  # a lost server: look again next period
-                log.debug("job record unreadable job=%s error=%s", self.spec.job_id, exc)
-                continue
-            if rec is None or rec.state == "cancelled":  # cancelled, or removed outright
-                log.info("job cancelled job=%s", self.spec.job_id)
-                self.cancelled.set()
+    async def _on_update(self, msg: Msg) -> None:
+        deleted = not msg.data or bool(msg.headers and _KV_OPERATION in msg.headers)
+        if deleted:
+            self._cancel("removed")
+            return
+        try:
+            state = decode(JobRecord, msg.data).state
+        except InvalidMessage as exc:
+            log.warning("bad job record ignored job=%s error=%s", self.spec.job_id, exc)
+            return
+        if state == "cancelled":
+            self._cancel(state)
+
+    def _reread(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._check())
+        self._rereads.add(task)
+        task.add_done_callback(self._rereads.discard)
+
+    async def _check(self) -> None:
+        try:
+            rec = await read_record(self.conn.js, self.broker, self.spec.tenant, self.spec.job_id)
+        except VramfabricError as exc:  # a lost server: the next reconnect reads it again
+            log.debug("job record unreadable job=%s error=%s", self.spec.job_id, exc)
+            return
+        if rec is None or rec.state == "cancelled":  # cancelled, or removed outright
+            self._cancel("removed" if rec is None else rec.state)
+
+    def _cancel(self, why: str) -> None:
+        if not self.cancelled.is_set():
+            log.info("job cancelled job=%s record=%s", self.spec.job_id, why)
+            self.cancelled.set()
 
     async def wait(self, done: Awaitable[bool]) -> bool:
         """Await `done` (every chunk in, or a timeout); raise JobCancelled if cancelled first."""
@@ -193,11 +225,17 @@ class RunRecord:
         raise JobCancelled(f"job {self.spec.job_id} was cancelled")
 
     async def stop(self) -> None:
-        """Stop polling, recording nothing: the run was stopped, and a rerun resumes it."""
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        """Stop watching, recording nothing: the run was stopped, and a rerun resumes it."""
+        if self._reread in self.conn.on_reconnect:
+            self.conn.on_reconnect.remove(self._reread)
+        for task in list(self._rereads):
+            task.cancel()
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error as exc:  # a closed connection: nothing left to stop
+                log.debug("record watch not unsubscribed job=%s error=%s", self.spec.job_id, exc)
 
     async def finish(self, state: str, n_ok: int, n_failed: int, value: Any = None) -> None:
         """Record the outcome, unless the job was cancelled or removed meanwhile (best effort)."""
@@ -216,6 +254,9 @@ class RunRecord:
                 n_ok=n_ok,
                 n_failed=n_failed,
                 value=value_json(value) if state in ("done", "failed") else None,
+                # Every chunk has its result in a done or failed job: so a streamed job's
+                # count (unknown at the start) is known too.
+                n_chunks=n_ok + n_failed if state in ("done", "failed") else now.n_chunks,
             )
             # Only over the record just read: a cancel written meanwhile wins.
             if not await write_record(self.conn.js, self.broker, tenant, rec, after=seq):

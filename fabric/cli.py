@@ -31,7 +31,7 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator import lifecycle
+from vramfabric.coordinator import joblist, lifecycle
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.jobfile import JobFile
@@ -391,19 +391,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """List the tenant's jobs: id, kernel, state, done/failed/total, age."""
-    infos = _lifecycle(lifecycle.list_jobs)
+    """List the tenant's newest jobs (or all): id, kernel, state, done/failed/total, age."""
+    limit = None if args.all else args.limit
+    page = _lifecycle(lambda c, b, t: joblist.list_jobs(c, b, t, limit))
     now = time.time()
     if args.json:
-        print(json.dumps([i.as_dict(now) for i in infos], default=jsonable))
+        print(json.dumps([i.as_dict(now) for i in page.jobs], default=jsonable))
     else:
-        print_jobs(infos, now)
+        print_jobs(list(page.jobs), now)
+    if len(page.jobs) < page.total:
+        err.print(
+            f"vramfabric: showing the {len(page.jobs)} most recently active of {page.total} "
+            "jobs; --limit N or --all for more"
+        )
     return RET_OK
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     """Show one job: progress, failures by kind, the aggregate if stored."""
-    info = _lifecycle(lambda c, b, t: lifecycle.inspect(c, b, t, args.id))
+    info = _lifecycle(lambda c, b, t: joblist.inspect(c, b, t, args.id))
     if args.json:
         print(json.dumps(info.as_dict(time.time()), default=jsonable))
     else:
@@ -605,6 +611,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_job_commands(sub: Any) -> None:
     p = sub.add_parser("jobs", help="list jobs: id, kernel, state, done/failed/total, age")
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=joblist.DEFAULT_PAGE,
+        help=f"the N jobs started, finished or cancelled last (default {joblist.DEFAULT_PAGE})",
+    )
+    p.add_argument("--all", action="store_true", help="every job (reads every run record)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_jobs)
     for name, handler, what in (
@@ -616,6 +629,14 @@ def _add_job_commands(sub: Any) -> None:
         p.add_argument("id", help="the job id (see `vramfabric jobs`)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(handler=handler)
+
+
+def _positive_int(text: str) -> int:
+    """An integer of at least 1 (an argparse type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

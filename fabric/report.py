@@ -22,7 +22,7 @@ from rich.text import Text
 
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator.fabric import JobResult
-from vramfabric.coordinator.lifecycle import JobInfo
+from vramfabric.coordinator.joblist import JobInfo
 from vramfabric.coordinator.results import ResultsConsumer
 
 # Messages on stderr: one line each however narrow the terminal or pipe (rich wraps at 80
@@ -161,14 +161,15 @@ def print_jobs(infos: list[JobInfo], now: float) -> None:
         return
     print(f"{'JOB':<18} {'KERNEL':<24} {'STATE':<10} {'DONE/FAILED/TOTAL':>20} {'AGE':>8}")
     for i in infos:
-        counts = f"{i.n_done}/{i.n_failed}/{i.n_chunks}"
+        failed = "?" if i.n_failed is None else i.n_failed  # a running job's are not counted
+        counts = f"{i.n_done}/{failed}/{i.n_chunks}"
         age = _age(now - i.started_at) if i.started_at else "-"
         print(f"{i.job:<18} {i.kernel[:24]:<24} {i.state:<10} {counts:>20} {age:>8}")
 
 
 def print_job(info: JobInfo, now: float) -> None:
     """One job's progress, failures by kind, and aggregate."""
-    pct = 100.0 * info.n_done / info.n_chunks
+    pct = 100.0 * info.n_done / max(info.n_chunks, 1)
     print(f"job {info.job} ({info.tenant}): {info.state}, kernel {info.kernel}")
     print(f"progress: {info.n_done}/{info.n_chunks} chunks ({pct:.1f}%), {info.n_failed} failed")
     if info.started_at:

@@ -27,7 +27,7 @@ from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.errors import JobNotFound, JobTimeout
 from vramfabric.broker.messages import JobSpec
-from vramfabric.coordinator import ArgMin, Job, JobResult, lifecycle
+from vramfabric.coordinator import ArgMin, Job, JobResult, joblist, lifecycle
 from vramfabric.coordinator.jobs import finished_chunks
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels.hyperparam import search_space
@@ -275,7 +275,7 @@ async def test_a_timed_out_run_deletes_its_consumer_and_records_the_timeout(
     s = broker.subjects
     with pytest.raises(nats.js.errors.NotFoundError):
         await fabric.conn.js.consumer_info(s.work_stream("default"), s.job_consumer(job_id))
-    info = await lifecycle.inspect(fabric.conn, broker, "default", job_id)
+    info = await joblist.inspect(fabric.conn, broker, "default", job_id)
     assert info.state == "timeout" and info.n_done < 10
 
 
@@ -289,13 +289,13 @@ async def test_retention_removes_jobs_finished_before_the_cutoff(
     conn = fabric.conn
     # Then a sweep keeps it while it is younger than the retention
     assert await lifecycle.sweep(conn, broker, "default", 3600.0, time.time()) == []
-    assert (await lifecycle.inspect(conn, broker, "default", first.job_id)).state == "done"
+    assert (await joblist.inspect(conn, broker, "default", first.job_id)).state == "done"
     # When a coordinator with a retention runs another job after it
     keeper = await fabric_factory(job_retention_s=1e-3)
     await keeper.run(Job(SLEEPY, [sleepy_input(i) for i in range(4)]), ArgMin())
     # Then the older job is gone, spec and results alike
     with pytest.raises(JobNotFound):
-        await lifecycle.inspect(conn, broker, "default", first.job_id)
+        await joblist.inspect(conn, broker, "default", first.job_id)
     assert await finished_chunks(conn, broker, spec_naming(first)) == set()
 
 

@@ -15,7 +15,7 @@ from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings, Connection, topology
 from vramfabric.coordinator import Fabric, Job, Mean
 from vramfabric.coordinator.follow import Follower, FollowerStalled
-from vramfabric.coordinator.lifecycle import read_spec
+from vramfabric.coordinator.joblist import read_spec
 from vramfabric.coordinator.results import ResultsConsumer
 
 
