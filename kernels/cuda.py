@@ -15,6 +15,7 @@ first call, so only workers that allow code ever unpickle it.
 from __future__ import annotations
 
 import hashlib
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 _BLOB_KIND = "cuda"
+# Taken by the first chunk of a kernel in a process: its others wait for one launcher, rather
+# than each scanning, hashing and looking up 600 KB of source (125 threads of a demo process).
+_host_lock = threading.Lock()
 _REQUIRED = ("name", "entry", "grid", "block", "args", "max_output_bytes")
 _OPTIONAL = ("source", "ptx", "max_input_bytes", "output_dtype", "shared_mem_bytes")
 
@@ -169,7 +173,9 @@ class CudaKernel:
             return self.run_reference(np, data)
         if not self._host:
             # Built once per kernel object: scanning and hashing the source per chunk is slow.
-            self._host.append(launcher(self))
+            with _host_lock:
+                if not self._host:
+                    self._host.append(launcher(self))
         return run_host(self, data, self._host[0])
 
     def launch(self, cupy: ModuleType, data: bytes, modules: ModuleCache) -> bytes:

@@ -47,7 +47,7 @@ class HostCache:
                 return folder / name
         return None
 
-    def make(self, name: str, produce: Callable[[Path], None]) -> Path:
+    def make(self, name: str, produce: Callable[[Path], object]) -> Path:
         """The file `name`, found, or made in the own folder by `produce(temporary_path)`.
 
         Raises:

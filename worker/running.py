@@ -1,13 +1,17 @@
 """WorkRunner: runs one chunk's work inside an executor process, on its device, in its slice.
 
 The work is a registered kernel (by name and digest), a Python function or a CUDA kernel
-(both from blobs the agent sent once, parsed and loaded once per process). On a GPU each chunk
-gets its own CUDA stream and a CuPy memory pool capped at its lease's slice. Kernel errors
-become a `Failure` of the matching kind; anything else the work raises is the caller's.
+(both from blobs the agent sent once, parsed and loaded once per process). A registered
+kernel with a CUDA version runs that: launched on a GPU, on the host path of a simulated
+one (its reference when the machine has no g++). On a GPU each lease's chunks run on the
+lease's own CUDA stream with a CuPy memory pool capped at its slice (lease_devices.py).
+Kernel errors become a `Failure` of the matching kind; anything else the work raises is the
+caller's.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 import types
@@ -16,10 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from vramfabric.broker.errors import ErrorKind
+from vramfabric.broker.errors import ErrorKind, SliceVramExceeded
 from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, Registry
 from vramfabric.kernels.code import Context, PythonCode
 from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
+from vramfabric.kernels.host_build import NoHostCompiler
+
+from .lease_devices import LeaseDevices
+
+log = logging.getLogger(__name__)
 
 _TRACEBACK_FRAMES = 4
 
@@ -40,11 +49,15 @@ class WorkRunner:
         self.registry = registry
         self.gpu: int | None = None if simulated else 0
         self.xp: types.ModuleType = np
+        self.devices: LeaseDevices | None = None
         if not simulated:
             import cupy
 
             self.xp = cupy
+            self.devices = LeaseDevices(cupy)
         self.modules = ModuleCache()
+        # False once the host path found no g++: registered kernels then run their reference.
+        self._host_path = True
         self._blobs: dict[str, bytes] = {}
         self._loaded: dict[str, Any] = {}
         self._load_lock = threading.Lock()
@@ -60,26 +73,27 @@ class WorkRunner:
             return self._dispatch(kind, frame, data, slice_bytes, ctx)
         return self._on_gpu(kind, frame, data, slice_bytes, ctx)
 
+    def end_lease(self, lease_id: str) -> None:
+        """The agent says the lease ended: free its stream and pool (after its running chunk)."""
+        if self.devices is not None:
+            self.devices.end(lease_id)
+
     def _on_gpu(
         self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
     ) -> bytes:
         cupy = self.xp
-        pool = cupy.cuda.MemoryPool()
-        pool.set_limit(size=slice_bytes)
-        stream = cupy.cuda.Stream(non_blocking=True)
+        assert self.devices is not None
+        # The lease's stream and pool are made on device 0 (the only one this process sees);
         # using_allocator and the current stream are per thread: this chunk's alone.
-        with cupy.cuda.Device(0), stream, cupy.cuda.using_allocator(pool.malloc):
-            try:
-                out = self._dispatch(kind, frame, data, slice_bytes, ctx)
-                stream.synchronize()
-                return out
-            except cupy.cuda.memory.OutOfMemoryError as exc:
-                raise Failure(
-                    ErrorKind.VRAM_EXCEEDED,
-                    f"slice VRAM exceeded: limit_bytes={slice_bytes} ({exc})",
-                ) from None
-            finally:
-                pool.free_all_blocks()
+        with (
+            cupy.cuda.Device(0),
+            self.devices.using(frame["lease"], slice_bytes) as device,
+            device.stream,
+            cupy.cuda.using_allocator(device.pool.malloc),
+        ):
+            out = self._dispatch(kind, frame, data, slice_bytes, ctx)
+            device.stream.synchronize()
+            return out
 
     def _dispatch(
         self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
@@ -100,9 +114,11 @@ class WorkRunner:
             raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
         except KernelArgumentError as exc:
             raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
-        except MemoryError:
+        except MemoryError as exc:
+            # CuPy's OutOfMemoryError (a MemoryError) knows the size it was asked for.
+            exceeded = SliceVramExceeded(slice_bytes, getattr(exc, "_size", 0))
             raise Failure(
-                ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}"
+                exceeded.kind, f"{exceeded} ({exc})" if str(exc) else str(exceeded)
             ) from None
         raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
 
@@ -111,11 +127,20 @@ class WorkRunner:
         need = kernel.vram_bytes(len(data))
         if self.gpu is None and need > slice_bytes:
             # NumPy has no pool to cap: check the kernel's declared working set up front.
-            raise Failure(
-                ErrorKind.VRAM_EXCEEDED,
-                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
-            )
-        return kernel.run(self.xp, frame["args"], data)
+            raise Failure(ErrorKind.VRAM_EXCEEDED, str(SliceVramExceeded(slice_bytes, need)))
+        if kernel.cuda is None or not self._host_path:
+            return kernel.run(self.xp, frame["args"], data)
+        kernel.check_input(data)
+        with self._load_lock:  # one build per process, not one per thread of a burst
+            cuda = kernel.cuda()
+        if self.gpu is not None:
+            return cuda.launch(self.xp, data, self.modules)
+        try:
+            return cuda.run_host(data)
+        except NoHostCompiler as exc:
+            self._host_path = False
+            log.warning("registered kernels run their NumPy reference here: %s", exc)
+            return kernel.run(self.xp, frame["args"], data)
 
     def _cuda(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
         kernel, _ = self._load(frame["digest"], CudaKernel.from_blob, None)
@@ -123,10 +148,7 @@ class WorkRunner:
             return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
         need = len(data) + kernel.max_output_bytes
         if need > slice_bytes:
-            raise Failure(
-                ErrorKind.VRAM_EXCEEDED,
-                f"slice VRAM exceeded: limit_bytes={slice_bytes} requested_bytes={need}",
-            )
+            raise Failure(ErrorKind.VRAM_EXCEEDED, str(SliceVramExceeded(slice_bytes, need)))
         # No GPU: the kernel's own CUDA source, compiled for the host (kernels/host.py).
         return kernel.run_host(data)  # type: ignore[no-any-return]
 
@@ -140,6 +162,14 @@ class WorkRunner:
                 parsed = parse(blob)
                 self._loaded[digest] = (parsed, getattr(parsed, method)() if method else None)
             return self._loaded[digest]
+
+
+def _vram_failure(slice_bytes: int, exc: MemoryError) -> Failure:
+    """The chunk's failure for an allocation past its slice (CuPy's pool) or out of memory."""
+    requested = getattr(exc, "_size", None)  # CuPy's OutOfMemoryError knows what it was asked
+    if requested is None:
+        return Failure(ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}")
+    return Failure(ErrorKind.VRAM_EXCEEDED, f"{SliceVramExceeded(slice_bytes, requested)} ({exc})")
 
 
 def summary(exc: BaseException) -> str:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.helpers import eventually, poll_until, wait_for_line
@@ -20,7 +19,7 @@ from vramfabric.broker.cluster import free_ports
 from vramfabric.broker.errors import Disconnected
 from vramfabric.coordinator import ArgMin, Job
 from vramfabric.coordinator import jobrun as jobrun_module
-from vramfabric.demo import reference_argmin
+from vramfabric.demo import HYPERPARAM_RTOL, reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
@@ -62,10 +61,12 @@ async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
     result = await fabric.run(
         Job(HYPERPARAM_EVAL, [encode_config(*c) for c in configs]), ArgMin(), timeout_s=60
     )
-    # Then the best configuration is the one the reference finds directly
+    # Then the best configuration is the one the reference finds directly (the workers ran
+    # hyperparam.cu on their host path: its loss is the reference's within 2e-6)
     index, loss = reference_argmin(configs)
     assert result.n_ok == 1000 and result.leases_peak == 1000
-    assert result.value == (index, float(np.float32(loss)))
+    assert result.value[0] == index
+    assert result.value[1] == pytest.approx(loss, rel=HYPERPARAM_RTOL)
     # And every lease went back, as the coordinator's metrics show too
     assert result.lease_history[-1][1] == 0
     assert fabric.metrics.value("chunks_done_total") == 1000
