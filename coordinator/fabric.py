@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -20,60 +20,34 @@ from vramfabric.broker import topology
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     CodeRefused,
-    JobFailed,
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.broker.messages import ChunkResult, JobSpec, NodeAdvert
+from vramfabric.broker.messages import JobSpec, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
 from .fleet import FleetView
 from .interactive import GpuSession, call_work, gpu_session
+from .jobresult import JobResult
 from .jobrun import JobRun
 from .jobs import Job, publish_spec
 from .leasing import LeasePool
 from .lifecycle import sweep
+from .mapping import map_results
 from .metrics import CoordinatorMetrics
 from .results import Progress
 from .settings import CoordinatorSettings
-from .timeline import Point
 from .work import JobWork, upload
 
 log = logging.getLogger(__name__)
 
+# JobResult moved to jobresult.py; importers of it from here keep working.
+__all__ = ["Fabric", "JobResult"]
+
 
 def _any_node(_advert: NodeAdvert) -> bool:
     return True
-
-
-@attrs.frozen
-class JobResult:
-    """What a finished job returns: the aggregate, counts, failures and phase timings."""
-
-    job_id: str
-    n_chunks: int
-    n_ok: int
-    n_failed: int
-    value: Any
-    failures: tuple[ChunkResult, ...]
-    resumed: int
-    leases_peak: int
-    lease_history: tuple[tuple[float, int], ...]
-    phases_s: dict[str, float]
-    # (seconds since the start, leases held, chunks done), sampled through the run.
-    series: tuple[Point, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Whether every chunk succeeded."""
-        return self.n_failed == 0
-
-    def raise_for_failures(self) -> JobResult:
-        """Return self if every chunk succeeded, else raise JobFailed with the failures."""
-        if self.n_failed:
-            raise JobFailed(self.job_id, self.n_failed, self.failures)
-        return self
 
 
 @attrs.define
@@ -142,6 +116,28 @@ class Fabric:
         """
         return gpu_session(self, vram, wait_s)
 
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        *,
+        vram: int | str | None = None,
+        slices: int | None = None,
+        ordered: bool = False,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[Any]:
+        """`fn(item)` for every item as an async iterator, results as they arrive.
+
+        The items are read lazily (a generator may be endless in practice: memory stays
+        bounded by the submission window), on up to `slices` slices of `vram` each.
+        `ordered=True` yields in the items' order. Leaving the loop early stops the rest
+        and releases every lease; a map leaves no job behind. An item whose call failed
+        raises ChunkFailed in its place.
+        """
+        return map_results(
+            self, fn, items, vram=vram, slices=slices, ordered=ordered, timeout_s=timeout_s
+        )
+
     async def call_work(self) -> JobWork:
         """The work of interactive calls, uploaded to the tenant's kernels store once."""
         if self._call_work is None:
@@ -178,12 +174,27 @@ class Fabric:
             Exception: whatever the aggregator raised on a result, as soon as it did.
         """
         t0 = time.perf_counter()
-        spec = await self._prepare(job, aggregator)
+        spec = await self.prepare(job, aggregator)
         pool = self.lease_set(spec.job_id, job.work.runs_on)
-        run = JobRun(
+        run = self.new_run(job, spec, aggregator, pool, progress, retry_failed)
+        done, retried = await run.start()
+        value = await self.drive(run, done, retried, slices, min_slices, timeout_s)
+        return self._result(run, value, len(done), time.perf_counter() - t0)
+
+    def new_run(
+        self,
+        job: Job,
+        spec: JobSpec,
+        aggregator: Aggregator,
+        pool: LeasePool,
+        progress: Progress | None = None,
+        retry_failed: bool = False,
+    ) -> JobRun:
+        """A run of the prepared job on `pool` (nothing started yet)."""
+        return JobRun(
             self.conn,
             self.broker,
-            self.settings,
+            pool.settings,
             self.fleet,
             self.metrics,
             job,
@@ -193,23 +204,31 @@ class Fabric:
             progress,
             retry_failed,
         )
-        done, retried = await run.start()
-        value = await self._drive(run, done, retried, slices, min_slices, timeout_s)
-        return self._result(run, value, len(done), time.perf_counter() - t0)
 
-    def lease_set(self, name: str, eligible: Callable[[NodeAdvert], bool] = _any_node) -> LeasePool:
-        """A lease set of this tenant, its leases labelled `name` on the nodes (none held yet)."""
+    def lease_set(
+        self,
+        name: str,
+        eligible: Callable[[NodeAdvert], bool] = _any_node,
+        slice_bytes: int | None = None,
+    ) -> LeasePool:
+        """A lease set of this tenant, its leases labelled `name` on the nodes (none held yet).
+
+        Its leases are of `slice_bytes` each (default: the settings' slice size).
+        """
+        settings = self.settings
+        if slice_bytes is not None:
+            settings = attrs.evolve(settings, slice_bytes=slice_bytes)
         return LeasePool(
             self.conn,
             self.broker,
-            self.settings,
+            settings,
             self.fleet,
             name,
             self.metrics,
             eligible=eligible,
         )
 
-    async def _prepare(self, job: Job, aggregator: Aggregator) -> JobSpec:
+    async def prepare(self, job: Job, aggregator: Aggregator) -> JobSpec:
         """The job's spec, stored, with its code checked and uploaded."""
         spec = job.spec(self.settings)
         bind_dtype(aggregator, job.output_dtype)
@@ -218,7 +237,7 @@ class Fabric:
         await publish_spec(self.conn, self.broker, spec)
         return spec
 
-    async def _drive(
+    async def drive(
         self,
         run: JobRun,
         done: set[int],

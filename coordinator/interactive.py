@@ -159,11 +159,8 @@ async def gpu_session(
     """Lease one slice of `vram` (bytes or "2GiB"; default the slice size) for the block."""
     slice_bytes = fabric.settings.slice_bytes if vram is None else _size(vram)
     work = await fabric.call_work()
-    settings = attrs.evolve(fabric.settings, slice_bytes=slice_bytes)
     name = fabric.broker.subjects.interactive_job(uuid.uuid4().hex[:12])
-    pool = LeasePool(
-        fabric.conn, fabric.broker, settings, fabric.fleet, name, fabric.metrics, work.runs_on
-    )
+    pool = fabric.lease_set(name, work.runs_on, slice_bytes)
     session = GpuSession(fabric, pool, work)
     try:
         await session.acquire(wait_s)

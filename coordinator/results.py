@@ -51,6 +51,8 @@ class ResultsConsumer:
     )
     # Called with each chunk's index as its first result is folded (the submission window).
     on_result: Callable[[int], None] | None = attrs.field(default=None, kw_only=True)
+    # Called with each failed result as it is folded (`fabric.map` raises it in its place).
+    on_failed: Callable[[ChunkResult], None] | None = attrs.field(default=None, kw_only=True)
     # No result for this long while the stream holds some for the job is a follower stall.
     stall_s: float = attrs.field(default=10.0, kw_only=True)
     # `retry_failed`: stored failed results are set aside for a rerun until `replayed`,
@@ -202,6 +204,8 @@ class ResultsConsumer:
             self._done.set()
 
     def _count_failure(self, result: ChunkResult) -> None:
+        if self.on_failed is not None:
+            self.on_failed(result)
         self.n_failed += 1
         kind = result.error_kind.value if result.error_kind else "error"
         self.metrics.chunks_failed_total.labels(tenant=self.spec.tenant, kind=kind).inc()

@@ -3,7 +3,21 @@
 The root package holds what spans both sides of the fabric: the product CLI and the local
 fabric (embedded server plus worker processes). The coordinator, the worker, the broker
 plumbing and the kernels are its subpackages; `from vramfabric.coordinator import Fabric, Job`
-is the client API.
+is the client API, and `vramfabric.connect()` (fabric/sync.py) its form for scripts and
+notebooks. Imports stay lazy: `import vramfabric` loads no NATS client until `connect` is used.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """`connect` on first use (the rest of the package is imported by its own path)."""
+    if name == "connect":
+        from .sync import connect
+
+        return connect
+    raise AttributeError(f"module 'vramfabric' has no attribute {name!r}")

@@ -1,0 +1,273 @@
+"""connect(): the fabric's API for any caller, with or without an event loop (Jupyter too).
+
+The async core (coordinator.Fabric) runs on an event loop of its own, on a daemon thread.
+Every public call has a sync form, which blocks the calling thread (also one whose event
+loop is running, like a notebook's: the core never needs that loop), and an async form
+(`*_async`, `async with`, `async for`), which awaits the core from the caller's loop. Ctrl-C
+during a sync call cancels it on the core's loop and waits for its clean-up (a block's
+release, a map's teardown) before KeyboardInterrupt goes on. The connection closes at
+interpreter exit if it was not closed before.
+
+    fabric = vramfabric.connect()
+    with fabric.gpu(vram="2GiB") as gpu:
+        print(gpu.run(sum, [1, 2, 3]))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+import attrs
+
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator.aggregate import Aggregator
+from vramfabric.coordinator.fabric import Fabric
+from vramfabric.coordinator.interactive import GpuSession
+from vramfabric.coordinator.jobresult import JobResult
+from vramfabric.coordinator.jobs import Job
+from vramfabric.coordinator.settings import CoordinatorSettings
+
+T = TypeVar("T")
+
+# After Ctrl-C, a sync call waits this long for its cancelled work to clean up.
+CANCEL_WAIT_S = 10.0
+
+
+class LoopThread:
+    """An event loop on a daemon thread; coroutines run there, awaited from other threads."""
+
+    def __init__(self) -> None:
+        """Start the loop and its thread."""
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="vramfabric", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and block until it ends; Ctrl-C cancels it, then re-raises."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a sync vramfabric call from the fabric's own loop would deadlock")
+        if not self.loop.is_running():
+            coro.close()
+            raise RuntimeError("the fabric is closed")
+        ended = threading.Event()
+        task: asyncio.Task[T] | None = None
+
+        def start() -> None:
+            nonlocal task
+            task = self.loop.create_task(coro)
+            task.add_done_callback(lambda _t: ended.set())
+
+        self.loop.call_soon_threadsafe(start)
+        try:
+            ended.wait()
+        except KeyboardInterrupt:
+            # Runs after `start` (the loop takes callbacks in order), so `task` is set.
+            self.loop.call_soon_threadsafe(lambda: task.cancel() if task else None)
+            ended.wait(CANCEL_WAIT_S)
+            raise
+        assert task is not None
+        return task.result()
+
+    async def call_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro`, run on the loop, from another loop (cancelling this cancels it)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        """Stop the loop and its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(CANCEL_WAIT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+@attrs.define
+class SyncGpu:
+    """A leased slice in a `with fabric.gpu()` block; `run` calls a function on it."""
+
+    _loop: LoopThread
+    session: GpuSession
+
+    @property
+    def node(self) -> str:
+        """The node holding the slice."""
+        return self.session.node
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` run on the slice; raises what it raised there (see GpuSession)."""
+        return self._loop.call(self.session.run(fn, *args, **kwargs))  # type: ignore[no-any-return]
+
+    async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """The async form of `run`."""
+        return await self._loop.call_async(self.session.run(fn, *args, **kwargs))
+
+
+@attrs.define
+class GpuBlock:
+    """`with` or `async with`: one slice leased for the block, released however it ends."""
+
+    _loop: LoopThread
+    _block: AbstractAsyncContextManager[GpuSession]
+
+    def __enter__(self) -> SyncGpu:
+        return SyncGpu(self._loop, self._loop.call(self._block.__aenter__()))
+
+    def __exit__(self, *exc: object) -> None:
+        # The block's exception stays in this thread: the release needs none of it, and a
+        # KeyboardInterrupt thrown into the core's loop would stop that loop.
+        self._loop.call(self._block.__aexit__(None, None, None))
+
+    async def __aenter__(self) -> SyncGpu:
+        return SyncGpu(self._loop, await self._loop.call_async(self._block.__aenter__()))
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self._loop.call_async(self._block.__aexit__(None, None, None)))
+
+
+@attrs.define
+class MapResults:
+    """The results of `fabric.map`: iterate with `for` or `async for`; `close` stops the rest."""
+
+    _loop: LoopThread
+    _results: AsyncIterator[Any]
+    _sync: Iterator[Any] | None = attrs.field(default=None, init=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._sync is None:
+            self._sync = self._pull()
+        return self._sync
+
+    def _pull(self) -> Iterator[Any]:
+        # A generator: leaving a `for` loop early closes it (at once in CPython), which
+        # stops the map and releases its leases.
+        try:
+            while True:
+                try:
+                    yield self._loop.call(_next(self._results))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.close()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._pull_async()
+
+    async def _pull_async(self) -> AsyncIterator[Any]:
+        try:
+            while True:
+                try:
+                    yield await self._loop.call_async(_next(self._results))
+                except StopAsyncIteration:
+                    return
+        finally:
+            await self.close_async()
+
+    def close(self) -> None:
+        """Stop the map: cancel what is left, release every lease."""
+        self._loop.call(_close(self._results))
+
+    async def close_async(self) -> None:
+        """The async form of `close`."""
+        await self._loop.call_async(_close(self._results))
+
+
+async def _next(results: AsyncIterator[Any]) -> Any:
+    return await results.__anext__()
+
+
+async def _close(results: AsyncIterator[Any]) -> None:
+    await results.aclose()  # type: ignore[attr-defined]
+
+
+@attrs.define
+class SyncFabric:
+    """A connected fabric usable from any thread; the async core is `core` (on its own loop)."""
+
+    _loop: LoopThread
+    core: Fabric
+    _closed: bool = attrs.field(default=False, init=False)
+
+    def gpu(self, vram: int | str | None = None, *, wait_s: float = 30.0) -> GpuBlock:
+        """One slice of `vram` ("2GiB", bytes; default the slice size) for a `with` block."""
+        return GpuBlock(self._loop, self.core.gpu(vram, wait_s=wait_s))
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], **kw: Any) -> MapResults:
+        """`fn(item)` for every item, yielded as results arrive (see Fabric.map)."""
+        return MapResults(self._loop, self.core.map(fn, items, **kw))
+
+    def run(self, job: Job, aggregator: Aggregator, **kw: Any) -> JobResult:
+        """Run a batch job to completion (see Fabric.run)."""
+        return self._loop.call(self.core.run(job, aggregator, **kw))
+
+    async def run_async(self, job: Job, aggregator: Aggregator, **kw: Any) -> JobResult:
+        """The async form of `run`."""
+        return await self._loop.call_async(self.core.run(job, aggregator, **kw))
+
+    def leased_bytes(self) -> dict[str, int]:
+        """Bytes leased per tenant over the live fleet, as the nodes last advertised."""
+        return self._loop.call(self._leased())
+
+    async def _leased(self) -> dict[str, int]:
+        usage: dict[str, int] = {}
+        for advert in self.core.fleet.adverts.values():
+            for tenant, n_bytes in advert.tenants.items():
+                usage[tenant] = usage.get(tenant, 0) + n_bytes
+        return usage
+
+    def close(self) -> None:
+        """Close the connection and stop the loop thread (again: nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            self._loop.call(self.core.close())
+        finally:
+            self._loop.stop()
+
+    async def close_async(self) -> None:
+        """The async form of `close`."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            await self._loop.call_async(self.core.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncFabric:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    broker: BrokerSettings | None = None,
+    settings: CoordinatorSettings | None = None,
+    **overrides: Any,
+) -> SyncFabric:
+    """Connect to the fabric, for sync and async callers alike.
+
+    Settings come from the environment unless given (`VRAMFABRIC_NATS_URL`, or what
+    `vramfabric up` printed to export); `overrides` are CoordinatorSettings fields, e.g.
+    `tenant="alice"`.
+    """
+    settings = attrs.evolve(settings or CoordinatorSettings.from_env(), **overrides)
+    loop = LoopThread()
+    try:
+        core = loop.call(Fabric.connect(broker, settings))
+    except BaseException:
+        loop.stop()
+        raise
+    fabric = SyncFabric(loop, core)
+    atexit.register(fabric.close)
+    return fabric
