@@ -316,6 +316,9 @@ class JobRecord:
     # The job's chunk count, so `jobs` lists from the records alone: 0 in records of older
     # versions, and the largest count (10,000,000) while a streamed job's inputs last.
     n_chunks: int = attrs.field(default=0, validator=_ge0)
+    # The uploaded work the job runs (JobSpec.kernel_digest): blobs no record names are
+    # collected (coordinator/collect.py). Empty in records of older versions.
+    kernel_digest: str = ""
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 
+import attrs
 import nats.js.errors
 
 from vramfabric.broker import topology
@@ -49,13 +50,11 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
     rec, seq = await read_record_at(conn.js, broker, tenant, job)
     if rec is not None and rec.state in FINAL_STATES:
         return False
-    cancelled = JobRecord(
-        job=job,
-        kernel=kernel,
-        state="cancelled",
-        started_at=rec.started_at if rec else 0.0,
-        finished_at=time.time(),
-    )
+    if rec is None:
+        cancelled = JobRecord(job=job, kernel=kernel, state="cancelled", started_at=0.0)
+    else:  # keeping what it says of the job (its count, its blob)
+        cancelled = attrs.evolve(rec, state="cancelled", value=None)
+    cancelled = attrs.evolve(cancelled, finished_at=time.time())
     if not await write_record(conn.js, broker, tenant, cancelled, after=seq):
         return False  # its coordinator recorded the outcome first
     await _stop_work(conn, broker, tenant, job)

@@ -167,6 +167,7 @@ class RunRecord:
             state="running",
             started_at=self._started_at,
             n_chunks=self.spec.n_chunks,
+            kernel_digest=self.spec.kernel_digest,
         )
         await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
         self._started = True

@@ -12,6 +12,8 @@ from vramfabric.broker.settings import env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
 PLACEMENTS = ("pack", "spread")
+# Finished jobs are kept a week by default: long enough to look at, rerun or resume one.
+DEFAULT_JOB_RETENTION_S = 7 * 86_400.0
 
 
 @attrs.frozen
@@ -34,8 +36,11 @@ class CoordinatorSettings:
     # needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
 
-    # Finished jobs older than this are removed after each run (0: kept until `rm`).
-    job_retention_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    # Finished jobs older than this are removed when a run starts, and then the uploaded
+    # work no stored job names (coordinator/collect.py); 0 keeps jobs until `rm`.
+    job_retention_s: float = attrs.field(
+        default=DEFAULT_JOB_RETENTION_S, validator=attrs.validators.ge(0)
+    )
     # Chunks (and bytes of input) a run keeps submitted but without a result: its inputs are
     # read lazily, so these bound the coordinator's memory and the work stream, not the job.
     submit_window: int = attrs.field(default=10_000, validator=attrs.validators.gt(0))
@@ -55,7 +60,9 @@ class CoordinatorSettings:
             max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
             ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
             metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",
-            job_retention_s=env_float(environ, "VRAMFABRIC_JOB_RETENTION_S", 0.0),
+            job_retention_s=env_float(
+                environ, "VRAMFABRIC_JOB_RETENTION_S", DEFAULT_JOB_RETENTION_S
+            ),
             submit_window=env_int(environ, "VRAMFABRIC_SUBMIT_WINDOW", 10_000),
             submit_window_bytes=env_size(environ, "VRAMFABRIC_SUBMIT_WINDOW_BYTES", 256 * 2**20),
             follow_stall_s=env_float(environ, "VRAMFABRIC_FOLLOW_STALL_S", 10.0),

@@ -32,6 +32,7 @@ from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import joblist, lifecycle
+from vramfabric.coordinator.collect import housekeep
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.jobfile import JobFile
@@ -450,6 +451,18 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return RET_OK
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Remove jobs finished before the retention, then uploaded work no stored job names."""
+    settings = CoordinatorSettings.from_env()
+    retention_s = settings.job_retention_s if args.retention_s is None else args.retention_s
+    done = _lifecycle(lambda c, b, t: housekeep(c, b, t, retention_s, time.time()))
+    if args.json:
+        print(json.dumps({"jobs": list(done.jobs), "blobs": list(done.blobs)}))
+    else:
+        print(f"removed {len(done.jobs)} jobs and {len(done.blobs)} uploaded blobs")
+    return RET_OK
+
+
 def _lifecycle(call: Callable[[Connection, BrokerSettings, str], Awaitable[T]]) -> T:
     """Run one lifecycle call for the environment's tenant over a fresh connection."""
 
@@ -620,6 +633,15 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every job (reads every run record)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_jobs)
+    p = sub.add_parser("gc", help="remove old finished jobs and uploaded work no job names")
+    p.add_argument(
+        "--retention-s",
+        type=float,
+        help="remove jobs finished longer ago than this (default VRAMFABRIC_JOB_RETENTION_S, "
+        "a week; 0 removes no job)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_gc)
     for name, handler, what in (
         ("job", cmd_job, "show a job's progress, failures by kind and aggregate"),
         ("cancel", cmd_cancel, "stop a job: consumer deleted, leases released, chunks unrun"),
