@@ -38,11 +38,21 @@ class Collected:
 
 
 async def housekeep(
-    conn: Connection, broker: BrokerSettings, tenant: str, retention_s: float, now: float
+    conn: Connection,
+    broker: BrokerSettings,
+    tenant: str,
+    retention_s: float,
+    now: float,
+    *,
+    always_blobs: bool = True,
 ) -> Collected:
-    """Remove jobs finished before the retention, then the blobs no remaining job names."""
+    """Remove jobs finished before the retention, then the blobs no remaining job names.
+
+    Collecting blobs reads every run record: without `always_blobs` (after each run) it
+    is done only when jobs were removed, the only way a blob loses its last job here.
+    """
     jobs = await sweep(conn, broker, tenant, retention_s, now) if retention_s else []
-    blobs = await collect_blobs(conn, broker, tenant, now)
+    blobs = await collect_blobs(conn, broker, tenant, now) if jobs or always_blobs else []
     if jobs or blobs:
         log.info(
             "housekeeping tenant=%s jobs_removed=%d blobs_removed=%d", tenant, len(jobs), len(blobs)

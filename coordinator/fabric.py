@@ -27,13 +27,13 @@ from vramfabric.broker.messages import JobSpec, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator, bind_dtype
+from .collect import housekeep
 from .fleet import FleetView
 from .interactive import GpuSession, call_work, gpu_session
 from .jobresult import JobResult
 from .jobrun import JobRun
 from .jobs import Job, publish_spec
 from .leasing import LeasePool
-from .lifecycle import sweep
 from .mapping import map_results
 from .metrics import CoordinatorMetrics
 from .results import Progress
@@ -304,19 +304,17 @@ class Fabric:
         )
 
     async def _sweep(self) -> None:
-        """Remove the tenant's jobs finished longer ago than the retention (best effort, logged)."""
+        """Remove old finished jobs and the blobs they leave unnamed (best effort, logged)."""
         if not self.settings.job_retention_s:
             return
         try:
-            removed = await sweep(
+            await housekeep(
                 self.conn,
                 self.broker,
                 self.settings.tenant,
                 self.settings.job_retention_s,
                 time.time(),
+                always_blobs=False,
             )
         except VramfabricError as exc:
             log.warning("old jobs not swept error=%s", exc)
-            return
-        if removed:
-            log.info("old jobs removed count=%d jobs=%s", len(removed), ",".join(removed))
