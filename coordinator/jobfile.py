@@ -250,5 +250,12 @@ def _inputs(spec: Any, kernel: Kernel | CudaKernel, base: Path) -> list[bytes]:
         files = sorted(globbing.glob(str(base / spec["glob"])))
         if not files:
             raise ValueError(f"inputs.glob {spec['glob']!r} matches no file")
+        limit = kernel.max_input_bytes
+        for f in files:
+            if (size := Path(f).stat().st_size) > limit:
+                raise ValueError(
+                    f"inputs.glob: {f} is {size} bytes; kernel {kernel.name} takes at most "
+                    f"{limit} (max_input_bytes)"
+                )
         return [Path(f).read_bytes() for f in files]
     raise ValueError(f"unknown [inputs] key {next(iter(spec))!r}; expected 'grid' or 'glob'")

@@ -145,3 +145,21 @@ def test_an_os_error_is_one_line(
     missing = FileNotFoundError(2, "No such file or directory", "tenants.toml")
     assert _main_with(monkeypatch, missing) == cli.RET_FAILED
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_input_file_past_the_kernels_limit_is_refused_naming_it(tmp_path: Path) -> None:
+    # Given a CUDA job whose glob matches a file larger than max_input_bytes
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(char* out) {}\n')
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "a.bin").write_bytes(b"\0" * 64)
+    (tmp_path / "inputs" / "b.bin").write_bytes(b"\0" * 65)
+    (tmp_path / "job.toml").write_text(
+        'aggregate = "gather"\n[cuda]\nsource_file = "k.cu"\nentry = "k"\ngrid = [1]\n'
+        'block = [1]\nargs = ["out"]\nmax_output_bytes = 4\nmax_input_bytes = 64\n'
+        '[inputs]\nglob = "inputs/*.bin"\n'
+    )
+    # When it is loaded, then the error names the key, the file and the limit
+    with pytest.raises(
+        ValueError, match=r"inputs.glob: .*b\.bin is 65 bytes; kernel k takes at most 64"
+    ):
+        load(tmp_path / "job.toml")
