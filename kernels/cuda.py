@@ -91,7 +91,8 @@ class CudaKernel:
             # Here rather than at submission: whoever builds the kernel (a Job, a JOB.toml,
             # a worker reading a blob) learns of a compile error before any chunk runs.
             settings = CudaSettings.from_env()
-            check_source(self.name, self.source, self.entry, settings.archs, settings.cache())
+            if settings.check:
+                check_source(self.name, self.source, self.entry, settings.archs, settings.cache())
 
     @property
     def digest(self) -> str:

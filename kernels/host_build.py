@@ -112,16 +112,23 @@ def build(name: str, source: str, entry: str, cache: HostCache) -> Path:
         NoHostCompiler: there is no g++ here.
         KernelCompileError: g++ failed (the message names the line).
     """
-    check_supported(name, source)
     if not _IDENTIFIER.fullmatch(entry):
         raise HostUnsupported(f"{name}: entry {entry!r} is not a C identifier")
     unit = host_source(source, entry)
-    return cache.make(library_name(unit), lambda path: _compile(name, unit, path))
+    library = library_name(unit)
+    # A library in the cache passed the scan when it was built (the rules are in its key).
+    found = cache.find(library)
+    if found is not None:
+        return found
+    check_supported(name, source)
+    return cache.make(library, lambda path: _compile(name, unit, path))
 
 
 def library_name(unit: str) -> str:
     """The cache's file name of a translation unit's library (header and compiler included)."""
-    key = hashlib.sha256(f"{_header()}\0{unit}\0{_FLAGS}\0{_compiler()}".encode()).hexdigest()
+    rules = [feature for _, feature, _ in _UNSUPPORTED]
+    text = f"{_header()}\0{unit}\0{_FLAGS}\0{_compiler()}\0{rules}"
+    key = hashlib.sha256(text.encode()).hexdigest()
     return f"{key[:32]}.so"
 
 

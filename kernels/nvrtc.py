@@ -94,13 +94,6 @@ def _verdict(
     return None
 
 
-def keep_pass(source: str, entry: str, archs: Sequence[str], cache: HostCache) -> None:
-    """Keep in `cache` that `source` passed the check (the caller has checked it)."""
-    nvrtc = nvrtc_module()
-    if nvrtc is not None:
-        cache.make(_marker(nvrtc, source, entry, archs), lambda path: path.write_bytes(b""))
-
-
 def _marker(nvrtc: Any, source: str, entry: str, archs: Sequence[str]) -> str:
     """The file name of a pass: NVRTC's version, the source, the entry, the architectures."""
     _, major, minor = nvrtc.nvrtcVersion()

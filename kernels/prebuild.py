@@ -16,7 +16,6 @@ import time
 
 from .host_build import build
 from .host_cache import BUILTINS_MODE, HostCache
-from .nvrtc import keep_pass
 from .registry import Registry
 from .settings import CudaSettings
 
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def prebuild(registry: Registry, settings: CudaSettings) -> list[str]:
-    """Build the host library (and keep the NVRTC pass) of each kernel with a CUDA version.
+    """Build the host library of each kernel with a CUDA version.
 
     Returns:
         The names of the kernels built or found built.
@@ -38,8 +37,7 @@ def prebuild(registry: Registry, settings: CudaSettings) -> list[str]:
     for kernel in registry.values():
         if kernel.cuda is None:
             continue
-        cuda = kernel.cuda()  # compile-checked here (or found checked)
-        keep_pass(cuda.source, cuda.entry, settings.archs, cache)
+        cuda = kernel.cuda()  # compile-checked here (executors do not check)
         build(cuda.name, cuda.source, cuda.entry, cache)
         names.append(kernel.name)
     return names

@@ -4,7 +4,9 @@
 CUDA kernel for; `VRAMFABRIC_HOST_CACHE` is the folder of the host path's compiled libraries
 (and NVRTC's verdicts); `VRAMFABRIC_HOST_BUILTINS` is the node's folder of the built-in
 kernels' libraries (default: the host cache's name with `-builtins`), which the node agent
-fills and passes to its executors.
+fills and passes to its executors. `VRAMFABRIC_CUDA_CHECK=0` turns the compile check off:
+executors run with it off, since whoever built the kernel (the coordinator, the agent for
+registered ones) checked it, and importing NVRTC cost each executor process 0.2 s.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class CudaSettings:
     archs: tuple[str, ...] = DEFAULT_ARCHS
     host_cache: Path = attrs.field(factory=_default_cache)
     host_builtins: Path | None = None
+    check: bool = True
 
     @property
     def builtins_dir(self) -> Path:
@@ -61,7 +64,7 @@ class CudaSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CudaSettings:
-        """Read `VRAMFABRIC_CUDA_ARCHS`, `VRAMFABRIC_HOST_CACHE`, `VRAMFABRIC_HOST_BUILTINS`.
+        """Read `VRAMFABRIC_CUDA_ARCHS`, `_HOST_CACHE`, `_HOST_BUILTINS` and `_CUDA_CHECK`.
 
         Raises:
             ValueError: VRAMFABRIC_CUDA_ARCHS is malformed.
@@ -73,4 +76,5 @@ class CudaSettings:
             archs=parse_archs(archs) if archs else DEFAULT_ARCHS,
             host_cache=Path(cache) if cache else _default_cache(),
             host_builtins=Path(builtins) if builtins else None,
+            check=environ.get("VRAMFABRIC_CUDA_CHECK", "1") != "0",
         )

@@ -110,6 +110,9 @@ class ExecutorProcess:
         # Users' code runs there: it gets none of the worker's settings, NATS credentials
         # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
         env = executor_env(os.environ, sandbox)
+        # Kernels reach executors checked (by the coordinator, or this agent's prebuild):
+        # importing NVRTC to check them again cost each process 0.2 s (kernels/settings.py).
+        env["VRAMFABRIC_CUDA_CHECK"] = "0"
         user: dict[str, Any] = {}
         # -s: no user site-packages from HOME; -P: not the tenant's own cwd first on the path.
         flags = ["-s", "-P"] if sandbox else []
