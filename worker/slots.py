@@ -318,18 +318,20 @@ class ExecutorPool:
             ExecutorCrashed: it did not start (or say ready within START_PATIENCE_S), e.g.
                 its uid may not run the interpreter: this node cannot run chunks.
         """
-        if self.gpus[0].simulated:  # their executors run registered CUDA on the host path
-            registry = load_registry(builtin_registry(), self.settings.kernel_modules)
-            start_prebuild(registry, CudaSettings.from_env())
         self.keep_spares()
         spares = [t for key, t in self._starting.items() if key[1:] == _SPARE]
         if spares:  # the spares are the probe: they start as tenants' executors would
             await asyncio.gather(*(asyncio.shield(t) for t in spares))
-            return
-        exe = await self._start((0, PROBE_TENANT, "probe"))
-        exe.kill("idle: the start-up probe is done")
-        if exe.reader is not None:
-            await exe.reader
+        else:
+            exe = await self._start((0, PROBE_TENANT, "probe"))
+            exe.kill("idle: the start-up probe is done")
+            if exe.reader is not None:
+                await exe.reader
+        # Simulated GPUs run registered CUDA on the host path. Started after the executors,
+        # whose start it slowed down by a second on a 2-core machine.
+        if self.gpus[0].simulated:
+            registry = load_registry(builtin_registry(), self.settings.kernel_modules)
+            start_prebuild(registry, CudaSettings.from_env())
 
     async def close(self) -> None:
         """Kill every executor (chunks still running fail as crashed) and wait for them."""
