@@ -63,8 +63,10 @@ class GpuSession:
 
     @property
     def node(self) -> str:
-        """The node holding the slice."""
-        return self._held().node
+        """The node that holds (or held) the slice."""
+        if self.lease is None:
+            raise LeaseExpired("(none)")
+        return self.lease.node
 
     async def run(
         self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any

@@ -15,9 +15,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """`connect` on first use (the rest of the package is imported by its own path)."""
+    """`connect` and the IPython extension hook, imported on first use."""
     if name == "connect":
         from .sync import connect
 
         return connect
+    if name == "load_ipython_extension":  # `%load_ext vramfabric`
+        from .magic import load_ipython_extension
+
+        return load_ipython_extension
     raise AttributeError(f"module 'vramfabric' has no attribute {name!r}")

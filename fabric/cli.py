@@ -44,6 +44,7 @@ from vramfabric.kernels.nvrtc import check_source
 from vramfabric.kernels.settings import CudaSettings, parse_archs
 from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
 
+from . import notebook
 from .authserver import AuthServer
 from .report import (
     err,
@@ -613,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_status)
     _add_job_commands(sub)
+    notebook.add_parser(sub)
     kernel = sub.add_parser("kernel", help="CUDA kernel tools").add_subparsers(required=True)
     p = kernel.add_parser("check", help="compile FILE.cu with NVRTC; errors name the line")
     p.add_argument("file")

@@ -1,0 +1,146 @@
+"""Notebooks: a real Jupyter kernel runs cells against a local fabric; `notebook run` too."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.integration.conftest import AgentFactory
+from vramfabric.broker.settings import BrokerSettings
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    # jupyter_client and zmq warn about their own internals.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
+
+CELLS = [
+    "import vramfabric\nfabric = vramfabric.connect()",
+    "def power(x, n):\n    return x ** n",
+    'with fabric.gpu(vram="1GiB") as gpu:\n    r = gpu.run(power, 2, 10)\nprint(r)',
+    "%load_ext vramfabric",
+    "x = 21",
+    '%%gpu --vram 1GiB\ny = x * 2\nprint("on the slice", y)',
+    "print(y + 1)",
+    "with fabric.gpu() as gpu:\n    gpu.run(power, 0, -1)",
+    "import threading\nlock = threading.Lock()",
+    "%%gpu\nwith lock:\n    z = 1",
+    "print(fabric.leased_bytes().get('default', 0))",
+]
+RAISES = {7, 9}  # cells that raise on purpose: marked, as nbconvert users do
+
+
+def notebook(cells: list[str], raises: set[int]) -> Any:
+    nb = nbformat.v4.new_notebook()
+    for i, source in enumerate(cells):
+        cell = nbformat.v4.new_code_cell(source)
+        if i in raises:
+            cell.metadata["tags"] = ["raises-exception"]
+        nb.cells.append(cell)
+    return nb
+
+
+def text_of(cell: Any) -> str:
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return "".join(parts)
+
+
+def fabric_env(monkeypatch: pytest.MonkeyPatch, broker: BrokerSettings) -> None:
+    monkeypatch.setenv("VRAMFABRIC_NATS_URL", broker.url)
+    monkeypatch.setenv("VRAMFABRIC_PREFIX", broker.prefix)
+    monkeypatch.setenv("VRAMFABRIC_SLICE_BYTES", str(2**30))
+    monkeypatch.setenv("VRAMFABRIC_LEASE_TTL_S", "5")
+
+
+async def test_a_notebook_holds_a_slice_only_while_a_cell_computes(
+    agent_factory: AgentFactory, broker: BrokerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a node that runs code, and a notebook whose kernel connects to it
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    nb = notebook(CELLS, RAISES)
+    held_after: list[int] = []
+
+    def after_cell(**_kw: Any) -> None:
+        held_after.append(agent.ledger.advert(0).tenants.get("default", 0))
+
+    client = NotebookClient(nb, timeout=60, on_cell_executed=after_cell)
+    # When a real Jupyter kernel executes it cell by cell
+    await client.async_execute()
+    # Then each cell's outputs are as if it ran here: the block's value, the magic's stdout
+    # and the variable it assigned, the remote exceptions raised in the notebook
+    out = [text_of(c) for c in nb.cells]
+    assert out[2] == "1024\n"
+    assert out[5] == "on the slice 42\n"
+    assert out[6] == "43\n"
+    assert out[7] == "ZeroDivisionError: 0.0 cannot be raised to a negative power"
+    assert out[9].startswith("UsageError: variable 'lock' (lock) cannot be sent")
+    # And after every cell, the fleet shows nothing leased for the tenant
+    assert held_after == [0] * len(CELLS)
+    assert out[10] == "0\n"
+
+
+SAMPLE = [
+    "import math\nvalues = [math.sqrt(i) for i in range(5)]",
+    "print(round(sum(values), 6))",
+    "values[:2]",
+    "import sys\nprint('to stderr', file=sys.stderr)",
+]
+
+
+async def test_notebook_run_writes_an_executed_copy_matching_a_local_run(
+    agent_factory: AgentFactory,
+    broker: BrokerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # Given a node that runs code, and a sample notebook
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    source, out = tmp_path / "sample.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(notebook(SAMPLE, set()), source)
+    # When `vramfabric notebook run` runs it on a slice
+    cmd = [sys.executable, "-m", "vramfabric", "notebook", "run", str(source), "--vram", "1GiB"]
+    proc = await asyncio.to_thread(
+        subprocess.run, [*cmd, "-o", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    # Then the executed copy's outputs match a local run of the same notebook
+    local = notebook(SAMPLE, set())
+    await NotebookClient(local, timeout=60).async_execute()
+    remote = nbformat.read(out, as_version=4)
+    assert [c.outputs for c in remote.cells] == [c.outputs for c in local.cells]
+    assert "written to" in proc.stdout
+
+
+async def test_notebook_run_marks_the_failing_cell_and_exits_1(
+    agent_factory: AgentFactory,
+    broker: BrokerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    source, out = tmp_path / "bad.ipynb", tmp_path / "bad.out.ipynb"
+    nbformat.write(notebook(["a = 1", "1 / 0", "print('never')"], set()), source)
+    cmd = [sys.executable, "-m", "vramfabric", "notebook", "run", str(source)]
+    proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "ZeroDivisionError" in proc.stderr
+    cells = nbformat.read(out, as_version=4).cells
+    assert cells[1].outputs[0].output_type == "error"
+    assert cells[2].get("execution_count") is None
