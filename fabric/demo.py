@@ -118,7 +118,10 @@ def demo(
         raise ValueError(f"unknown demo kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vramfabric-demo-") as folder:
-        tenants_file = str(demo_tenants_file(Path(folder) / "tenants.toml")) if with_auth else None
+        # A pattern's CudaKernel is the tenant's code on simulated GPUs; the search is not.
+        path = Path(folder) / "tenants.toml"
+        code = kernel != "hyperparam"
+        tenants_file = str(demo_tenants_file(path, allow_code=code)) if with_auth else None
         fleet = LocalFleet(
             workers=workers,
             simulate=simulate,

@@ -210,9 +210,12 @@ class LocalFleet:
         self.stop()
 
 
-def demo_tenants_file(path: str | Path, names: tuple[str, ...] = ("demo",)) -> Path:
-    """Write a tenants file with fresh random passwords (weight 1, no quota, no code)."""
+def demo_tenants_file(
+    path: str | Path, names: tuple[str, ...] = ("demo",), allow_code: bool = False
+) -> Path:
+    """Write a tenants file with fresh random passwords (weight 1, no quota; code if asked)."""
+    code = "\nallow_code = true" if allow_code else ""
     lines = [f'[operator]\npassword = "{secrets.token_hex(16)}"']
     lines.append(f'[workers]\npassword = "{secrets.token_hex(16)}"')
-    lines += [f'[tenants.{n}]\npassword = "{secrets.token_hex(16)}"' for n in names]
+    lines += [f'[tenants.{n}]\npassword = "{secrets.token_hex(16)}"{code}' for n in names]
     return auth.write_private(path, "\n".join(lines) + "\n")
