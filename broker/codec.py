@@ -43,7 +43,9 @@ def encode(obj: Any) -> bytes:
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def decode(cls: type[T], data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> T:
+def decode(
+    cls: type[T], data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> T:
     """Parse `data` as a `cls`; raise InvalidMessage, or RemoteError for an ErrorReply."""
     what = cls.__name__
     if not isinstance(data, bytes | bytearray | memoryview):

@@ -183,7 +183,12 @@ def test_fold_applies_the_function_from_the_initial_state() -> None:
 
 def test_fold_default_initial_is_none() -> None:
     seen: list[Any] = []
-    agg = Fold(lambda state, index, out: seen.append(state) or index)
+
+    def step(state: Any, index: int, out: Any) -> int:
+        seen.append(state)
+        return index
+
+    agg = Fold(step)
     feed(agg, [(4, 0.0), (5, 0.0)])
     assert seen == [None, 4]
     assert agg.value() == 5

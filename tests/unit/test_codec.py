@@ -36,7 +36,8 @@ GiB = 2**30
 
 def raw(body: Any) -> bytes:
     """Pack a hand-built payload the way a (possibly hostile) peer would."""
-    return msgpack.packb(body, use_bin_type=True)
+    data: bytes = msgpack.packb(body, use_bin_type=True)
+    return data
 
 
 def lease_request_body(**overrides: Any) -> dict[str, Any]:
@@ -182,6 +183,7 @@ def test_nested_types_carry_no_version_field() -> None:
 
 def test_job_spec_round_trip_keeps_retry_policy_and_job_id() -> None:
     spec = WIRE_OBJECTS[9]
+    assert isinstance(spec, JobSpec)
     back = codec.decode(JobSpec, codec.encode(spec))
     assert back.retry == RetryPolicy(max_retries=5, initial_backoff_s=0.5, max_backoff_s=8.0)
     assert back.retry.max_deliver == 6
@@ -524,7 +526,7 @@ def bodies(cls: type) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-def decodes_or_is_invalid(cls: type, data: bytes) -> None:
+def decodes_or_is_invalid(cls: type[object], data: bytes) -> None:
     """The property: a `cls`, or InvalidMessage; any other exception fails the test."""
     try:
         out = codec.decode(cls, data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,8 +20,8 @@ RNG_SEED = 16
 HYPERPARAM_RTOL = 2e-6
 
 
-def cuda(source: str, entry: str, args: tuple, **fields: object) -> CudaKernel:
-    return CudaKernel(name=entry, entry=entry, args=args, source=source, **fields)  # type: ignore[arg-type]
+def cuda(source: str, entry: str, args: tuple[Any, ...], **fields: Any) -> CudaKernel:
+    return CudaKernel(name=entry, entry=entry, args=args, source=source, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -151,5 +152,5 @@ def test_a_ptx_kernel_runs_its_reference_on_the_host_path() -> None:
         max_output_bytes=8,
         reference=lambda xp, data: (xp.frombuffer(data, xp.float32) * 2 + 1).tobytes(),
     )
-    out = kernel.run_host(np.float32([1, 2]).tobytes())
+    out = kernel.run_host(np.array([1, 2], np.float32).tobytes())
     np.testing.assert_array_equal(np.frombuffer(out, np.float32), [3, 5])

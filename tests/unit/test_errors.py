@@ -194,7 +194,8 @@ def test_error_kind_per_class(cls: type[e.VramfabricError], kind: ErrorKind) -> 
 
 
 def test_error_kinds_are_strings_on_the_wire() -> None:
-    assert ErrorKind.VRAM_EXCEEDED == "vram_exceeded"
+    kind: str = ErrorKind.VRAM_EXCEEDED
+    assert kind == "vram_exceeded"
     assert ErrorKind("lease_expired") is ErrorKind.LEASE_EXPIRED
     assert len({k.value for k in ErrorKind}) == len(ErrorKind)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramfabric.worker.gpus import GpuSpec, parse_simulate, parse_size
+from vramfabric.broker.settings import parse_size
+from vramfabric.worker.gpus import GpuSpec, parse_simulate
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def job_dir(tmp_path: Path, toml: str) -> Path:
     (tmp_path / "saxpy.ptx").write_text(SAXPY_PTX)
     (tmp_path / "inputs").mkdir()
     for i in range(2):
-        (tmp_path / "inputs" / f"{i}.bin").write_bytes(np.float32([i, i + 1]).tobytes())
+        (tmp_path / "inputs" / f"{i}.bin").write_bytes(np.array([i, i + 1], np.float32).tobytes())
     (tmp_path / "job.toml").write_text(toml)
     return tmp_path / "job.toml"
 
@@ -72,8 +72,10 @@ def test_a_cuda_job_file_builds_a_cuda_kernel_job(tmp_path: Path) -> None:
     assert (kernel.grid, kernel.block) == ((4, 1, 1), (64, 2, 1))
     assert kernel.args == ("in", "out", ("f32", 2.0), "in_bytes")
     assert (kernel.max_output_bytes, kernel.max_input_bytes) == (16, 8)
-    assert len(spec.job.inputs) == 2
-    out = kernel.run_reference(np, spec.job.inputs[1])
+    inputs = spec.job.inputs
+    assert isinstance(inputs, list)  # a job file's inputs are read into a list
+    assert len(inputs) == 2
+    out = kernel.run_reference(np, inputs[1])
     assert np.frombuffer(out, np.float32).tolist() == [3.0, 5.0, 0.0, 0.0]
     # and the job folder was on sys.path only while the reference was imported
     assert sys.path == path_before

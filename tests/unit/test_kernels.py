@@ -220,7 +220,7 @@ def test_digest_is_a_stable_sha256_hex() -> None:
     [{"version": "9"}, {"name": "other"}, {"source": "__global__ void k(){}"}, {"entry": "k"}],
     ids=lambda c: next(iter(c)),
 )
-def test_digest_changes_with_version_name_source_and_entry(change: dict[str, str]) -> None:
+def test_digest_changes_with_version_name_source_and_entry(change: dict[str, Any]) -> None:
     assert attrs.evolve(HYPERPARAM_EVAL, **change).digest != HYPERPARAM_EVAL.digest
 
 

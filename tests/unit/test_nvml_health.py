@@ -190,7 +190,7 @@ def test_a_healthy_h100_reads_free_memory_and_temperature() -> None:
 
 def test_checks_a_board_does_not_support_are_skipped_not_problems() -> None:
     # Given a board that supports nothing but memory info
-    unsupported = {
+    unsupported: dict[str, Any] = {
         name: NOT_SUPPORTED
         for name in h100()
         if name not in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo")

@@ -69,7 +69,9 @@ def test_the_whole_search_space_loads(tmp_path: Path) -> None:
     path = _job(
         tmp_path, f'kernel = "hyperparam_eval"\naggregate = "argmin"\n[inputs]\ngrid = {GRID_MAX}\n'
     )
-    assert len(load(path).job.inputs) == GRID_MAX
+    inputs = load(path).job.inputs
+    assert isinstance(inputs, list)  # a job file's inputs are read into a list
+    assert len(inputs) == GRID_MAX
 
 
 def test_a_run_report_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeGuard
 
 import pytest
 
@@ -25,7 +26,7 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
-def _is_sleep(node: ast.AST) -> bool:
+def _is_sleep(node: ast.AST) -> TypeGuard[ast.Call]:
     """A call of `asyncio.sleep`, `time.sleep` or a bare `sleep`."""
     if not isinstance(node, ast.Call):
         return False

@@ -165,7 +165,7 @@ def test_within_keeps_the_pauses_and_sets_the_deadline() -> None:
 @pytest.mark.parametrize("field", ["deadline_s", "pause_s", "max_pause_s"])
 def test_pauses_and_deadlines_must_be_positive(field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        CallRetry(**{field: 0.0})  # type: ignore[arg-type]
+        CallRetry(**{field: 0.0})
 
 
 def test_broker_settings_build_the_policy_from_the_environment() -> None:
