@@ -64,3 +64,29 @@ async def test_a_tenant_without_code_rights_is_refused_on_its_own_lease(
             await gpu.run(whoami)
     # And his slice went back
     assert "bob" not in agent.ledger.advert(0).tenants
+
+
+def twice(x: int) -> int:
+    return 2 * x
+
+
+async def test_a_tenant_maps_and_breaks_off_leaving_nothing(
+    auth_fabric: AuthFabric, connections: Any, agents: Any, fabrics: Any
+) -> None:
+    # Given alice on a node that runs code, with auth on
+    s = auth_fabric.base.subjects
+    agent: Agent = await agents("n-map", simulate="1x4GiB", allow_code=True)
+    alice = await fabrics("alice")
+    # When she maps over an endless generator and breaks off after 5 results
+    results = alice.map(twice, iter(range(10**9)), slices=2)
+    taken = []
+    async for x in results:
+        taken.append(x)
+        if len(taken) == 5:
+            break
+    await results.aclose()  # type: ignore[attr-defined]
+    # Then her leases are gone and her work stream holds no chunk and no consumer
+    assert len(taken) == 5 and len(agent.ledger) == 0
+    op = await connections(auth_fabric.operator_of("alice"))
+    info = await op.js.stream_info(s.work_stream("alice"))
+    assert info.state.messages == 0 and info.state.consumer_count == 0
