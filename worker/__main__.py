@@ -23,6 +23,7 @@ from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.registry import load_registry
 
 from .agent import Agent
+from .colocated import Colocated
 from .hardening import make_undumpable
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import WorkerMetrics
@@ -77,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="exit 0 if this node's advert is fresh in KV, else 1"
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="simulated nodes side by side in this process, named NODE-0.. (needs --simulate)",
+    )
     # Suppressed default: under `vramfabric -v worker` the top-level count must stand.
     parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
 
@@ -129,8 +136,11 @@ async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
     return await broker.call_retry.call(lambda: connect(broker, name=name), what="connect")
 
 
-async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
-    """Run the agent until a stop signal; drain on SIGTERM."""
+async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1) -> int:
+    """Run the agent (or `nodes` simulated ones side by side) until a stop signal.
+
+    SIGTERM drains: running chunks finish within the grace, every lease is released.
+    """
     metrics, url = WorkerMetrics(), ""
     if settings.metrics_port is not None:
         # First, so a port in use fails the start before anything else has begun.
@@ -148,7 +158,11 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
     if not await _first(connecting, stop):
         return RET_OK
     conn = connecting.result()
-    agent = Agent(broker, settings, conn, metrics)
+    agent: Agent | Colocated = (
+        Agent(broker, settings, conn, metrics)
+        if nodes == 1
+        else Colocated(broker, settings, conn, nodes, metrics)
+    )
     try:
         starting = loop.create_task(agent.start())
         if not await _first(starting, stop):
@@ -156,7 +170,8 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings) -> int:
             return RET_OK
         starting.result()  # raises what ended the start, if anything did
         # Tell a parent (the demo, tests) we serve: it waits for this line, not a timer.
-        print(f"worker ready node={settings.node}{url}", flush=True)
+        named = settings.node if nodes == 1 else f"{settings.node}-0..{nodes - 1}"
+        print(f"worker ready node={named}{url}", flush=True)
         await stop.wait()
         await agent.stop()
         return RET_OK
@@ -225,7 +240,9 @@ def run(args: argparse.Namespace) -> int:
             if not args.node:
                 raise ValueError("--check needs --node NAME (the node to check)")
             return asyncio.run(check(broker, settings.node))
-        return asyncio.run(serve(broker, settings))
+        if args.nodes < 1:
+            raise ValueError(f"--nodes must be at least 1, not {args.nodes}")
+        return asyncio.run(serve(broker, settings, args.nodes))
     except Disconnected as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_CONNECT

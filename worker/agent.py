@@ -31,7 +31,7 @@ from vramfabric.kernels.code import python_version
 from .adverts import Heartbeat
 from .calls import CallService
 from .execute import ChunkRunner
-from .fairness import FleetShare
+from .fairness import AdvertBook, FleetShare
 from .gpus import GpuSpec, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
@@ -67,6 +67,9 @@ class Agent:
     settings: WorkerSettings
     conn: Connection
     metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
+    # The fleet's adverts, when nodes simulated in one process share them (worker/colocated.py);
+    # None: this agent hears them itself.
+    adverts: AdvertBook | None = None
     ledger: SliceLedger = attrs.field(init=False)
     executors: ExecutorPool = attrs.field(init=False)
     _runner: ChunkRunner = attrs.field(init=False)
@@ -93,8 +96,11 @@ class Agent:
             f" errors={m.value('gpu_submit_errors_total'):.0f}>"
         )
 
-    async def start(self) -> None:
+    async def start(self, probe: bool = True) -> None:
         """Discover GPUs, publish the first advert and start serving lease requests.
+
+        `probe` False skips starting an executor first (nodes simulated side by side: one
+        of them has shown that executors start here).
 
         Raises:
             ValueError: auth is on (the workers' user) but no tenants file is given, which
@@ -114,9 +120,9 @@ class Agent:
         self.executors = ExecutorPool(self.settings, gpus)
         self._policy = PolicyFile(self.settings.tenants_file)
         policy = self._policy.load()
-        self.fair = FleetShare(
-            self.ledger, policy, self.broker.node_ttl_s, self.settings.waiting_ttl_s
-        )
+        shared = self.adverts is not None
+        book = self.adverts if self.adverts is not None else AdvertBook(self.broker.node_ttl_s)
+        self.fair = FleetShare(self.ledger, policy, book, self.settings.waiting_ttl_s)
         js = self.conn.js
         nodes_kv = await topology.nodes_bucket(js, self.broker)
         self._runner = ChunkRunner(
@@ -155,10 +161,11 @@ class Agent:
             on_waiting=self._heartbeat.poke,
             quota=await open_book(js, self.broker, self.ledger, policy),
         )
-        # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
-        self._adverts_sub = await self.conn.nc.subscribe(
-            subjects.advert_filter(), cb=self._on_advert
-        )
+        if not shared:
+            # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
+            self._adverts_sub = await self.conn.nc.subscribe(
+                subjects.advert_filter(), cb=self.hear_advert
+            )
         self._acks = await AckedPublisher(self.conn.nc, self.broker.request_timeout_s).start()
         self._sub = await self.conn.nc.subscribe(
             subjects.lease_filter(self.settings.node), cb=service.handle
@@ -171,7 +178,8 @@ class Agent:
         await self.conn.nc.flush()
         # A node is ready when it can run chunks at once, not after a process start each, and
         # never when its executors cannot start at all (ExecutorCrashed from the probe).
-        await self.executors.probe()
+        if probe:
+            await self.executors.probe()
         await self._heartbeat.beat()
         self._spawn(self._heartbeat.run())
         log.info(
@@ -183,9 +191,10 @@ class Agent:
             self.ledger.advert(time.time()).free_slices(self.settings.slice_bytes),
         )
 
-    async def _on_advert(self, msg: Msg) -> None:
+    async def hear_advert(self, msg: Msg) -> None:
+        """Take in an advert from the advert subject (counted and dropped if it is garbage)."""
         try:
-            self.fair.heard(decode(NodeAdvert, msg.data), time.monotonic())
+            self.fair.book.heard(decode(NodeAdvert, msg.data), time.monotonic())
         except InvalidMessage as exc:
             self.metrics.invalid("advert")
             log.warning("bad advert ignored subject=%s error=%s", msg.subject, exc)

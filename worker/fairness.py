@@ -29,32 +29,44 @@ SHARE = "share"
 
 
 @attrs.define
-class FleetShare:
-    """Fair-share decisions of one node, from adverts and its own ledger."""
+class AdvertBook:
+    """The nodes' latest adverts and when (monotonic) each was heard.
 
-    ledger: SliceLedger
-    policy: TenantPolicy
+    One per agent process: nodes simulated side by side in one process share it, so each
+    advert is decoded and kept once, not once per node.
+    """
+
     node_ttl_s: float
-    waiting_ttl_s: float
-    # Other nodes' latest adverts and when (monotonic) each was heard.
     _adverts: dict[str, tuple[float, NodeAdvert]] = attrs.field(factory=dict, init=False)
-    # Tenants this node saw waiting, and until when (monotonic) that counts.
-    _waiting: dict[str, float] = attrs.field(factory=dict, init=False)
 
     def heard(self, advert: NodeAdvert, now: float) -> None:
-        """Take in another node's advert (a goodbye, with no GPUs, removes the node)."""
-        if advert.node == self.ledger.node:
-            return
+        """Take in a node's advert (a goodbye, with no GPUs, removes the node)."""
         if advert.gpus:
             self._adverts[advert.node] = (now, advert)
         else:
             self._adverts.pop(advert.node, None)
 
-    def _fresh(self, now: float) -> list[NodeAdvert]:
+    def fresh(self, now: float, besides: str) -> list[NodeAdvert]:
+        """The adverts heard within the node TTL, but `besides`'s own."""
         stale = [n for n, (t, _a) in self._adverts.items() if now - t > self.node_ttl_s]
         for node in stale:
             del self._adverts[node]
-        return [a for _t, a in self._adverts.values()]
+        return [a for node, (_t, a) in self._adverts.items() if node != besides]
+
+
+@attrs.define
+class FleetShare:
+    """Fair-share decisions of one node, from adverts and its own ledger."""
+
+    ledger: SliceLedger
+    policy: TenantPolicy
+    book: AdvertBook
+    waiting_ttl_s: float
+    # Tenants this node saw waiting, and until when (monotonic) that counts.
+    _waiting: dict[str, float] = attrs.field(factory=dict, init=False)
+
+    def _fresh(self, now: float) -> list[NodeAdvert]:
+        return self.book.fresh(now, self.ledger.node)
 
     def note_waiting(self, tenant: str, now: float) -> bool:
         """The tenant asked this node for more than it could have; True if it is news."""

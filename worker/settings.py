@@ -67,6 +67,10 @@ class WorkerSettings:
     # up to one less than the per-GPU cap; crash suspects are narrowed within the caps.
     max_executors_per_gpu: int = attrs.field(default=8, validator=attrs.validators.ge(2))
     max_executors: int = attrs.field(default=32, validator=attrs.validators.ge(2))
+    # Start executors ahead of chunks: a spare per GPU while idle, and a lease's when it is
+    # granted (worker/slots.py). Nodes simulated side by side in one process
+    # (worker/colocated.py) start one only when a chunk needs it.
+    eager_executors: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:

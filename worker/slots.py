@@ -94,6 +94,8 @@ class ExecutorPool:
     def warm(self, key: ExecKey) -> None:
         """Start an executor now, so the first chunk of its leases does not wait for it."""
         self._last_busy = time.monotonic()
+        if not self.settings.eager_executors:
+            return
         exe = self._procs.get(key) or self._adopt_spare(key)
         if not self._closed and (exe is None or not exe.alive):
             self._start_task(key)
@@ -210,6 +212,8 @@ class ExecutorPool:
         quiet = time.monotonic() - self._last_busy > SPARE_AFTER_IDLE_S
         busy = any(exe.tasks for exe in self._procs.values())
         if self._closed or not quiet or busy or self._containment.uids is not None:
+            return
+        if not self.settings.eager_executors:
             return
         for gpu in self.gpus:
             key = _spare_key(gpu.index)

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from vramfabric.broker import Subjects, encode
 from vramfabric.broker.messages import LeaseRequest
 from vramfabric.broker.tenants import TenantPolicy
-from vramfabric.worker.fairness import FleetShare
+from vramfabric.worker.fairness import AdvertBook, FleetShare
 from vramfabric.worker.gpus import GpuSpec
 from vramfabric.worker.lease_service import LeaseService
 from vramfabric.worker.ledger import SliceLedger
@@ -48,7 +48,7 @@ def service() -> tuple[LeaseService, SliceLedger, WorkerMetrics, list[str]]:
     async def publish(subject: str, _data: bytes) -> None:
         events.append(subject)
 
-    fair = FleetShare(ledger, TenantPolicy(), node_ttl_s=5.0, waiting_ttl_s=5.0)
+    fair = FleetShare(ledger, TenantPolicy(), AdvertBook(node_ttl_s=5.0), waiting_ttl_s=5.0)
     svc = LeaseService(
         SUBJECTS, "n1", ledger, metrics, lambda _t, _j: None, publish=publish, fair=fair
     )
