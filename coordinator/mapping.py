@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,8 @@ async def map_results(
     """
     queue: asyncio.Queue[_Item] = asyncio.Queue()
     handover = _Handover(queue)
-    job = Job(fn, items)
+    # A fresh id: two equal maps at once must not share (or resume) one job.
+    job = Job(fn, items, job_id=uuid.uuid4().hex[:16])
     spec = await fabric.prepare(job, handover)
     slice_bytes = parse_size(vram) if isinstance(vram, str) else vram
     pool = fabric.lease_set(spec.job_id, job.work.runs_on, slice_bytes)
