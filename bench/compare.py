@@ -1,0 +1,322 @@
+"""Compare: the same job through vramfabric, Ray and bare JetStream, alternating; JSON lines.
+
+The job is the demo's: tiny hyperparameter chunks (one 12-byte configuration in, one
+float32 loss out, one message each way per chunk), `--n` of them, and the argmin. Each
+system computes a chunk the same way, as a simulated vramfabric worker does (the registered
+kernel's CUDA source on the host path, kernels/host.py), with two worker processes:
+
+- vramfabric: an embedded fabric (LocalFleet, 2 workers); a job is the whole `Fabric.run`
+  (spec, leases, submit, execute, aggregate, release).
+- bare JetStream: 2 worker processes pulling from a work-queue stream (streaming pull, a
+  batch per request) and publishing each result into a results stream; the client
+  publishes the chunks (core publishes the stream captures, no PubAck each) and folds the
+  results as they come. No leases, retries, idempotency or failure handling: the floor.
+- Ray (the optional `bench` extra): one task per chunk on a local Ray of 2 CPUs, `ray.get`.
+
+Systems alternate within each round (`--rounds`), each running `--jobs` jobs of each size;
+medians are printed, one JSON line per system and size, then one line of ratios. The time
+each system takes to be ready (started until it can run a chunk) is measured once.
+
+    python bench/compare.py                       # n = 1000 and 10000, 4 rounds x 3 jobs
+    python bench/compare.py --n 1000 --rounds 2 --no-ray
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import nats
+import numpy as np
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
+
+from vramfabric.broker.server import NatsServer
+from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
+from vramfabric.kernels import HYPERPARAM_EVAL
+from vramfabric.kernels.hyperparam import encode_config, search_space
+from vramfabric.local import LocalFleet
+
+WORKERS = 2
+
+
+def chunk_fn() -> Callable[[bytes], bytes]:
+    """One chunk's computation, as a simulated vramfabric worker runs it."""
+    if HYPERPARAM_EVAL.cuda is not None:
+        kernel = HYPERPARAM_EVAL.cuda()
+        return kernel.run_host  # type: ignore[no-any-return]
+    return lambda data: HYPERPARAM_EVAL.run(np, {}, data)
+
+
+def inputs(n: int) -> list[bytes]:
+    """The job's chunk inputs: the 1000-configuration search space, repeated to `n`."""
+    configs = [encode_config(*c) for c in search_space(1000)]
+    return [configs[i % 1000] for i in range(n)]
+
+
+def argmin(losses: dict[int, bytes]) -> int:
+    """The chunk index of the smallest loss (NaN last)."""
+    values = {i: struct.unpack("<f", out[:4])[0] for i, out in losses.items()}
+    return min(values, key=lambda i: (np.isnan(values[i]), values[i], i))
+
+
+# ---- bare JetStream ----------------------------------------------------------------------
+
+
+def _js_worker(url: str, ready: Any) -> None:
+    """A baseline worker process: pull chunks, compute, publish each result."""
+    asyncio.run(_js_worker_loop(url, ready))
+
+
+async def _js_worker_loop(url: str, ready: Any) -> None:
+    run = chunk_fn()
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe_bind("w", stream="CMP_WORK")
+    ready.set()
+    while True:
+        try:
+            msgs = await sub.fetch(64, timeout=1.0)
+        except TimeoutError:  # nothing queued: ask again
+            continue
+        for msg in msgs:
+            job, index = msg.subject.split(".")[2:4]
+            await nc.publish(f"cmp.res.{job}.{index}", run(msg.data))
+            await msg.ack()
+
+
+class BareJetStream:
+    """The floor: a work queue, two pulling workers, a results stream."""
+
+    name = "bare_jetstream"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[mp.process.BaseProcess] = []
+
+    async def start(self) -> None:
+        """Streams, consumer and worker processes; returns once the workers pull."""
+        self.nc = await nats.connect(self.url)
+        js = self.nc.jetstream()
+        await js.add_stream(
+            StreamConfig(
+                name="CMP_WORK", subjects=["cmp.work.>"], retention=RetentionPolicy.WORK_QUEUE
+            )
+        )
+        await js.add_stream(StreamConfig(name="CMP_RES", subjects=["cmp.res.>"]))
+        await js.add_consumer(
+            "CMP_WORK",
+            ConsumerConfig(durable_name="w", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=-1),
+        )
+        ctx = mp.get_context("spawn")
+        events = [ctx.Event() for _ in range(WORKERS)]
+        self.procs = [
+            ctx.Process(target=_js_worker, args=(self.url, e), daemon=True) for e in events
+        ]
+        for proc in self.procs:
+            proc.start()
+        for event in events:
+            await asyncio.to_thread(event.wait)
+
+    async def job(self, data: list[bytes], tag: str) -> int:
+        """Publish the chunks, fold the results as they arrive; the argmin."""
+        results: dict[int, bytes] = {}
+        done = asyncio.Event()
+
+        async def collect(msg: Any) -> None:
+            results[int(msg.subject.rsplit(".", 1)[1])] = msg.data
+            if len(results) == len(data):
+                done.set()
+
+        sub = await self.nc.subscribe(f"cmp.res.{tag}.*", cb=collect)
+        for i, chunk in enumerate(data):
+            await self.nc.publish(f"cmp.work.{tag}.{i}", chunk)
+        await self.nc.flush()
+        await done.wait()
+        await sub.unsubscribe()
+        return argmin(results)
+
+    async def stop(self) -> None:
+        """Stop the workers and the client."""
+        for proc in self.procs:
+            proc.terminate()
+        await self.nc.close()
+
+
+# ---- vramfabric --------------------------------------------------------------------------
+
+
+class Vramfabric:
+    """An embedded fabric of two simulated workers; a job is one `Fabric.run`."""
+
+    name = "vramfabric"
+
+    def __init__(self, url: str) -> None:
+        self.fleet = LocalFleet(workers=WORKERS, simulate="1x80GiB", url=url, prefix="cmpvf")
+
+    async def start(self) -> None:
+        """Start the workers (the server is shared) and connect."""
+        await asyncio.to_thread(self.fleet.start)
+        settings = CoordinatorSettings(slice_bytes=512 * 2**20, job_retention_s=0)
+        self.fabric = await Fabric.connect(self.fleet.broker, settings)
+
+    async def job(self, data: list[bytes], tag: str) -> int:
+        """One whole run: leases, submit, execute, aggregate, release."""
+        result = await self.fabric.run(Job(HYPERPARAM_EVAL, data, job_id=tag), ArgMin())
+        assert result.n_ok == len(data), f"{result.n_failed} chunks failed"
+        await self.fabric.fleet.wait_changed(timeout_s=1.0)  # adverts show the leases back
+        return int(result.value[0])
+
+    async def stop(self) -> None:
+        """Close the client and stop the workers."""
+        await self.fabric.close()
+        await asyncio.to_thread(self.fleet.stop)
+
+
+# ---- Ray ---------------------------------------------------------------------------------
+
+
+class Ray:
+    """A local Ray of two CPUs; one task per chunk."""
+
+    name = "ray"
+
+    async def start(self) -> None:
+        """Start Ray and warm its two workers with one task each."""
+        import ray
+
+        self.ray = ray
+        ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
+
+        @ray.remote
+        def evaluate(chunk: bytes) -> bytes:
+            return _ray_chunk(chunk)
+
+        self.evaluate = evaluate
+        ray.get([evaluate.remote(b) for b in inputs(WORKERS)])
+
+    async def job(self, data: list[bytes], tag: str) -> int:
+        """Submit every chunk as a task and wait for all."""
+        outs = await asyncio.to_thread(self.ray.get, [self.evaluate.remote(b) for b in data])
+        return argmin(dict(enumerate(outs)))
+
+    async def stop(self) -> None:
+        """Shut Ray down."""
+        self.ray.shutdown()
+
+
+_RAY_FN: list[Callable[[bytes], bytes]] = []
+
+
+def _ray_chunk(chunk: bytes) -> bytes:
+    """A chunk in a Ray worker: the computation built once per worker process."""
+    if not _RAY_FN:
+        _RAY_FN.append(chunk_fn())
+    return _RAY_FN[0](chunk)
+
+
+# ---- the comparison ----------------------------------------------------------------------
+
+
+async def compare(sizes: list[int], rounds: int, jobs: int, with_ray: bool) -> list[dict[str, Any]]:
+    """Start each system, then alternate them; medians per system and size, and ratios."""
+    with NatsServer() as server:
+        systems: list[Any] = [Vramfabric(server.url), BareJetStream(server.url)]
+        if with_ray:
+            systems.append(Ray())
+        ready_s: dict[str, float] = {}
+        for system in systems:
+            t = time.perf_counter()
+            await system.start()
+            ready_s[system.name] = time.perf_counter() - t
+        try:
+            times = await alternate(systems, sizes, rounds, jobs)
+        finally:
+            for system in systems:
+                await system.stop()
+    return summary(times, ready_s, sizes, with_ray)
+
+
+async def alternate(
+    systems: list[Any], sizes: list[int], rounds: int, jobs: int
+) -> dict[tuple[str, int], list[float]]:
+    """Each round, each system runs `jobs` jobs of each size; seconds per job, by both."""
+    expected = {n: argmin(dict(enumerate(map(chunk_fn(), inputs(n))))) for n in sizes}
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        for system in systems:
+            for n in sizes:
+                data = inputs(n)
+                for j in range(jobs):
+                    tag = f"c{n}r{r}j{j}t{time.time_ns()}"
+                    t = time.perf_counter()
+                    best = await system.job(data, tag)
+                    times.setdefault((system.name, n), []).append(time.perf_counter() - t)
+                    assert best == expected[n], f"{system.name}: argmin {best}"
+    return times
+
+
+def summary(
+    times: dict[tuple[str, int], list[float]],
+    ready_s: dict[str, float],
+    sizes: list[int],
+    with_ray: bool,
+) -> list[dict[str, Any]]:
+    """One line per system and size (medians), then the ratios per size."""
+    stamp = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    lines: list[dict[str, Any]] = []
+    for (name, n), samples in sorted(times.items()):
+        median = statistics.median(samples)
+        lines.append(
+            {
+                "bench": "compare",
+                "system": name,
+                "n": n,
+                "median_s": round(median, 4),
+                "chunks_per_s": round(n / median),
+                "ready_s": round(ready_s[name], 2),
+                "samples": len(samples),
+                **stamp,
+            }
+        )
+    for n in sizes:
+        vf = statistics.median(times[("vramfabric", n)])
+        bare = statistics.median(times[("bare_jetstream", n)])
+        ratios = {"of_bare_jetstream": round(bare / vf, 3)}
+        if with_ray:
+            ratios["times_ray"] = round(statistics.median(times[("ray", n)]) / vf, 2)
+        lines.append({"bench": "compare", "n": n, "vramfabric_speed": ratios, **stamp})
+    return lines
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, action="append", help="chunks per job (repeatable)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=3, help="jobs per system, size and round")
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
+    args = parser.parse_args()
+    with_ray = not args.no_ray
+    if with_ray:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print(
+                json.dumps(
+                    {"bench": "compare", "note": "ray not installed: pip install '.[bench]'"}
+                )
+            )
+            with_ray = False
+    for line in asyncio.run(compare(args.n or [1000, 10_000], args.rounds, args.jobs, with_ray)):
+        print(json.dumps(line))
