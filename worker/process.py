@@ -122,7 +122,10 @@ class ExecutorProcess:
         if gpu.simulated:
             args.append("--simulated")
             # The node's built-in host kernels (kernels/prebuild.py), built by this agent.
-            env["VRAMFABRIC_HOST_BUILTINS"] = str(CudaSettings.from_env().builtins_dir)
+            cuda = CudaSettings.from_env()
+            env["VRAMFABRIC_HOST_BUILTINS"] = str(cuda.builtins_dir)
+            if sandbox is None:  # a contained executor builds in its own private folder
+                env["VRAMFABRIC_HOST_CACHE"] = str(cuda.host_cache)
         else:
             # The process sees its GPU alone, as device 0.
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
