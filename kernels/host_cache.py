@@ -24,6 +24,8 @@ from .cuda_compile import KernelCompileError
 
 OWN_MODE = 0o700
 BUILTINS_MODE = 0o755
+# An own folder's file not used this long is deleted when an executor starts.
+UNUSED_S = 30 * 86_400.0
 
 
 @attrs.frozen
@@ -44,8 +46,28 @@ class HostCache:
             _wait_for_maker(shared / f"{name}.lock")
         for folder in (shared, self.own):
             if folder is not None and (folder / name).exists():
+                if folder == self.own:
+                    _touch(folder / name)  # a use: `prune` keeps what is used
                 return folder / name
         return None
+
+    def prune(self, unused_s: float, now: float) -> list[Path]:
+        """Delete the own folder's files not used for `unused_s` seconds; what was deleted.
+
+        A process that has a library loaded keeps it (an unlinked file stays mapped); one
+        that needs it later builds it again.
+        """
+        if not self.own.is_dir():
+            return []
+        gone = []
+        for path in self.own.iterdir():
+            try:
+                if path.is_file() and now - path.stat().st_mtime > unused_s:
+                    path.unlink()
+                    gone.append(path)
+            except OSError:  # removed by another process meanwhile
+                continue
+        return gone
 
     def make(self, name: str, produce: Callable[[Path], object]) -> Path:
         """The file `name`, found, or made in the own folder by `produce(temporary_path)`.
@@ -67,6 +89,13 @@ class HostCache:
                 finally:
                     partial.unlink(missing_ok=True)
         return path
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # not ours to touch: it is kept by its owner's use
+        return
 
 
 def own_folder(path: Path, mode: int = OWN_MODE) -> Path:

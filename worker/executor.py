@@ -15,12 +15,15 @@ import os
 import pickle
 import sys
 import threading
+import time
 from typing import Any, BinaryIO
 
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.code import Context, python_version
+from vramfabric.kernels.host_cache import UNUSED_S
 from vramfabric.kernels.registry import load_registry
+from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
 from .hardening import make_undumpable
@@ -200,6 +203,15 @@ def _private_pipes() -> tuple[BinaryIO, BinaryIO]:
     return inp, out
 
 
+def _prune_host_cache() -> None:
+    """Delete this uid's host-path libraries no process used for a month."""
+    cache = CudaSettings.from_env().host_cache()
+    try:
+        cache.prune(UNUSED_S, time.time())
+    except OSError as exc:  # an unreadable folder: nothing this process can collect
+        print(f"vramfabric-executor: host cache not pruned: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m vramfabric.worker.executor`."""
     # Exec made this process dumpable again: one tenant's code must not read another's.
@@ -213,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     inp, out = _private_pipes()
+    # Beside the frames, not before them: a start stays as quick as it was.
+    threading.Thread(target=_prune_host_cache, name="prune", daemon=True).start()
     Executor(args, out).serve(inp)
     # The agent is gone or done with us: do not wait for chunks that may hang.
     os._exit(0)

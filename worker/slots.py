@@ -49,6 +49,9 @@ SPARE_AFTER_IDLE_S = 5.0
 # Running chunks are checked against their deadlines this often (one timer per node, not
 # one per chunk): a chunk is killed at most this long after its deadline.
 DEADLINE_SWEEP_S = 0.1
+# Uploaded works (functions, CUDA kernels) an executor keeps loaded: past this many it is
+# stopped once idle, and the next chunk starts a fresh one (its memory is not collected).
+MAX_WORKS_PER_EXECUTOR = 16
 # The tenant the start-up probe's executor runs as: not a token, so no real tenant's name.
 PROBE_TENANT = ".probe"
 
@@ -164,6 +167,9 @@ class ExecutorPool:
                 exe.idle_since = self._last_busy
                 if alone:
                     exe.kill("idle: its suspect chunk ended")
+                elif len(exe.loaded) > MAX_WORKS_PER_EXECUTOR:
+                    # Every work it loaded stays in its memory: a fresh process starts clean.
+                    exe.kill(f"idle: recycled after loading {len(exe.loaded)} works")
             self.room.changed()
 
     def _check_deadlines(self) -> None:

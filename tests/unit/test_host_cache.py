@@ -7,6 +7,7 @@ reference where there is no g++.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from vramfabric.kernels import (
     hyperparam,
 )
 from vramfabric.kernels.code import Context
-from vramfabric.kernels.host_cache import HostCache
+from vramfabric.kernels.host_cache import UNUSED_S, HostCache
 from vramfabric.kernels.prebuild import prebuild
 from vramfabric.kernels.settings import CudaSettings
 from vramfabric.worker.running import Failure, WorkRunner
@@ -182,3 +183,18 @@ def test_with_gpp_a_registered_kernel_runs_its_cuda_version() -> None:
     data = np.arange(4, dtype=np.float32).tobytes()
     out = np.frombuffer(run_builtin(runner, kernel, data), np.float32)
     assert out.tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_prune_deletes_what_no_one_used_and_keeps_what_was_found(tmp_path: Path) -> None:
+    # Given a cache with two libraries built long ago
+    cache = HostCache(tmp_path / "own")
+    for name in ("old.so", "used.so"):
+        cache.make(name, lambda p: p.write_bytes(b"lib"))
+        long_ago = time.time() - 40 * 86_400
+        os.utime(tmp_path / "own" / name, (long_ago, long_ago))
+    # When one of them is looked up (a process loads it), and the cache is pruned
+    assert cache.find("used.so") is not None
+    gone = cache.prune(UNUSED_S, time.time())
+    # Then only the unused one is deleted; the used one is still found
+    assert [p.name for p in gone] == ["old.so"]
+    assert cache.find("old.so") is None and cache.find("used.so") is not None
