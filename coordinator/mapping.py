@@ -2,8 +2,9 @@
 
 The iterable is read lazily through the run's windowed submission (coordinator/submit.py),
 so a generator of millions of items never sits in memory: at most a window of chunks is in
-flight. Each result is handed to the iterating caller as it is folded; with `ordered=True`
-a result waits only for those before it (at most a window's worth). Leaving the loop early
+flight or waiting for the caller to take its result. Each result is handed to the
+iterating caller as it is folded; with `ordered=True` a result waits only for those before
+it (at most a window's worth). Leaving the loop early
 (`break`, an exception, a chunk's failure raised) stops the run, releases every lease, and
 the map's job is removed like everything else of it: a map leaves nothing stored.
 """
@@ -80,29 +81,37 @@ async def map_results(
     pool = fabric.lease_set(spec.job_id, job.work.runs_on, slice_bytes)
     run = fabric.new_run(job, spec, handover, pool)
     run.results.on_failed = handover.failed
+    # A chunk's place in the submission window is freed when the caller takes its result,
+    # not when it arrives: a caller that stops reading stops the submission, and the queue
+    # never holds more than a window of results.
+    run.results.on_result = None
     drive: asyncio.Future[Any] | None = None
     try:
         done, _ = await run.start()
         drive = asyncio.ensure_future(fabric.drive(run, done, set(), slices, 0, timeout_s))
         drive.add_done_callback(lambda _t: queue.put_nowait(None))
-        async for value in _values(queue, ordered):
+        async for value in _values(queue, ordered, run.window.finished):
             yield value
         await drive  # raises what ended the run (a timeout, the aggregator's error)
     finally:
         await _stop(fabric, run, drive)
 
 
-async def _values(queue: asyncio.Queue[_Item], ordered: bool) -> AsyncIterator[Any]:
+async def _values(
+    queue: asyncio.Queue[_Item], ordered: bool, taken: Callable[[int], None]
+) -> AsyncIterator[Any]:
     """The queued outcomes as values (a failure raised), in arrival or index order."""
     waiting: dict[int, bytes | ChunkResult] = {}
     next_index = 0
     while (item := await queue.get()) is not None:
         index, outcome = item
         if not ordered:
+            taken(index)
             yield _value(index, outcome)
             continue
         waiting[index] = outcome
         while next_index in waiting:
+            taken(next_index)
             yield _value(next_index, waiting.pop(next_index))
             next_index += 1
 

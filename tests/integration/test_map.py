@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 
@@ -74,3 +75,24 @@ async def test_breaking_out_of_an_endless_map_releases_every_lease_and_leaves_no
     s = fabric.broker.subjects
     info = await fabric.conn.js.stream_info(s.work_stream(fabric.settings.tenant))
     assert info.state.messages == 0 and info.state.consumer_count == 0
+
+
+async def test_a_caller_that_stops_reading_stops_the_submission(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a map over an endless generator with a window of 64 chunks
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(submit_window=64)
+    read = itertools.count()
+
+    def endless() -> Iterator[int]:
+        yield from read
+
+    results = fabric.map(double, endless(), slices=2)
+    # When the caller takes one result and then reads no more for a while
+    assert await results.__anext__() in range(0, 200, 2)  # type: ignore[attr-defined]
+    await asyncio.sleep(1.0)  # the sampling interval: what the map reads meanwhile
+    # Then the map read no more than a window past what was taken: results not taken hold
+    # their places, so memory stays bounded however slow the caller is
+    assert next(read) <= 1 + 64 + 1
+    await results.aclose()  # type: ignore[attr-defined]
