@@ -39,6 +39,8 @@ ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
+# The only VRAMFABRIC_ variables an executor gets, set for it here (never the worker's own).
+EXECUTOR_SETTINGS = ("VRAMFABRIC_CUDA_CHECK", "VRAMFABRIC_HOST_BUILTINS", "VRAMFABRIC_HOST_CACHE")
 
 
 class Bystander(ExecutorCrashed):

@@ -22,6 +22,7 @@ from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.coordinator import Gather, Job
 from vramfabric.worker.containment import CONTAINED, DEFAULT_UIDS, obstacle
+from vramfabric.worker.process import EXECUTOR_SETTINGS
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uid switching: Linux only"),
@@ -185,8 +186,12 @@ async def test_each_tenant_runs_as_a_uid_of_its_own_in_a_private_directory(
         assert seen["cwd_owner"] == seen["uid"] and seen["cwd_mode"] == 0o700
         assert seen["home"] == seen["cwd"] and seen["tmpdir"].startswith(seen["cwd"] + "/")
         assert seen["write_own_dir"] == "ok"
-        # And its environment carries none of the worker's settings or secrets
-        assert not [k for k in seen["env"] if k.startswith("VRAMFABRIC_")]
+        # And its environment carries none of the worker's settings or secrets (only those
+        # the agent sets for executors: the host path's folders, the compile check off)
+        assert not [
+            k for k in seen["env"] if k.startswith("VRAMFABRIC_") and k not in EXECUTOR_SETTINGS
+        ]
+        assert "VRAMFABRIC_HOST_CACHE" not in seen["env"]  # a contained one builds in its own
         assert SECRET not in repr(seen["env"])
     assert alpha[0]["cwd"] != beta[0]["cwd"]
 
