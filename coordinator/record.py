@@ -59,11 +59,20 @@ async def read_key(
     """
     s = broker.subjects
     subject = s.kv_subject(s.jobs_bucket(), key)
+    stream = s.kv_stream(s.jobs_bucket())
     with nats_errors():
         try:
-            raw = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
+            raw = await js.get_msg(stream, subject=subject, direct=True)
         except nats.js.errors.NotFoundError:  # never written, or purged by `rm`
             return None, 0
+        except nats.errors.NoRespondersError:
+            # Nothing answers direct gets of a stream that does not exist (no job was ever
+            # stored): the key is absent. With the stream there, the error is the server's.
+            try:
+                await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                return None, 0
+            raise
     headers = raw.headers or {}
     if _KV_OPERATION in headers or _MARKER_REASON in headers or not raw.data:
         return None, raw.seq or 0

@@ -101,3 +101,15 @@ async def test_a_job_whose_spec_and_record_do_not_decode_is_listed_and_removed(
     assert removed.stdout.strip() == "job broken removed"
     assert json.loads((await asyncio.to_thread(cli, broker, "jobs", "--json")).stdout) == []
     assert (await asyncio.to_thread(cli, broker, "job", "broken")).returncode == 5
+
+
+async def test_a_fresh_fabric_says_no_job_for_every_job_command(broker: BrokerSettings) -> None:
+    # Given a fabric where no job was ever stored (no jobs bucket yet)
+    for command in ("job", "cancel", "rm"):
+        # When the user names a job
+        done = await asyncio.to_thread(cli, broker, command, "nope")
+        # Then the command says there is no such job, exit 5 (not a connection error)
+        assert done.returncode == 5, done.stderr[-2000:]
+        assert done.stderr.strip() == "vramfabric: no job 'nope' for tenant 'default'"
+    listed = await asyncio.to_thread(cli, broker, "jobs")
+    assert (listed.returncode, listed.stdout.strip()) == (0, "no jobs")
