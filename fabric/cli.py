@@ -638,7 +638,7 @@ def _add_job_commands(sub: Any) -> None:
     p = sub.add_parser("gc", help="remove old finished jobs and uploaded work no job names")
     p.add_argument(
         "--retention-s",
-        type=float,
+        type=_seconds,
         help="remove jobs finished longer ago than this (default VRAMFABRIC_JOB_RETENTION_S, "
         "a week; 0 removes no job)",
     )
@@ -657,9 +657,23 @@ def _add_job_commands(sub: Any) -> None:
 
 def _positive_int(text: str) -> int:
     """An integer of at least 1 (an argparse type)."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
 
 

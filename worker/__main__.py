@@ -242,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(check(broker, settings.node))
         if args.nodes < 1:
             raise ValueError(f"--nodes must be at least 1, not {args.nodes}")
+        if args.nodes > 1 and not settings.simulate:
+            raise ValueError("--nodes runs simulated nodes side by side: give --simulate too")
         return asyncio.run(serve(broker, settings, args.nodes))
     except Disconnected as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)

@@ -165,3 +165,31 @@ def test_an_input_file_past_the_kernels_limit_is_refused_naming_it(tmp_path: Pat
         ValueError, match=r"inputs.glob: .*b\.bin is 65 bytes; kernel k takes at most 64"
     ):
         load(tmp_path / "job.toml")
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["jobs", "--limit", "abc"], "argument --limit: must be a whole number, not 'abc'"),
+        (["jobs", "--limit", "0"], "argument --limit: must be at least 1, not 0"),
+        (["gc", "--retention-s", "-5"], "argument --retention-s: must be 0 or more seconds"),
+        (["gc", "--retention-s", "nan"], "argument --retention-s: must be 0 or more seconds"),
+    ],
+)
+def test_a_bad_count_or_duration_is_a_usage_error_naming_the_flag(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_several_nodes_need_simulated_gpus_and_say_so_before_connecting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VRAMFABRIC_NATS_URL", "nats://127.0.0.1:1")  # nothing listens
+    assert cli.main(["worker", "--nodes", "3"]) == 2
+    assert (
+        "--nodes runs simulated nodes side by side: give --simulate too" in capsys.readouterr().err
+    )
