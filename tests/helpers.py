@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from typing import IO
 
 
 async def eventually(
@@ -27,16 +28,17 @@ async def eventually(
         await asyncio.sleep(interval_s)  # polling interval, not synchronisation
 
 
-def wait_for_line(stream: object, needle: str, timeout_s: float = 20.0) -> str:
+def wait_for_line(stream: IO[str] | IO[bytes] | None, needle: str, timeout_s: float = 20.0) -> str:
     """Read a subprocess pipe until a line contains `needle`; AssertionError at the deadline."""
     import select
 
+    assert stream is not None, "start the process with this stream piped"
     deadline = time.monotonic() + timeout_s
-    seen = []
+    seen: list[str] = []
     while time.monotonic() < deadline:
         ready, _, _ = select.select([stream], [], [], 0.1)
         if ready:
-            line = stream.readline()  # type: ignore[attr-defined]
+            line = stream.readline()
             if not line:
                 break
             text = line.decode(errors="replace") if isinstance(line, bytes) else line

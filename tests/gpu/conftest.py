@@ -6,9 +6,11 @@ They cannot run on this project's CI machine (no GPU); on a machine with an NVID
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -44,9 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def cupy() -> ModuleType:
     """The CuPy module (tests here run only where it imports and sees a device)."""
-    import cupy
-
-    return cupy
+    return importlib.import_module("cupy")
 
 
 GpuAgent = Callable[..., Awaitable[Agent]]
@@ -57,10 +57,10 @@ async def gpu_agent(broker: BrokerSettings) -> AsyncIterator[GpuAgent]:
     """Start agents on this machine's real GPUs (NVML); stop them after."""
     agents: list[Agent] = []
 
-    async def make(node: str, slice_bytes: int = 2**30, **kw: object) -> Agent:
+    async def make(node: str, slice_bytes: int = 2**30, **kw: Any) -> Agent:
         settings = WorkerSettings(
             node=node, slice_bytes=slice_bytes, heartbeat_s=0.2, drain_grace_s=1.0, **kw
-        )  # type: ignore[arg-type]
+        )
         agent = Agent(broker, settings, await connect(broker, name=node))
         await agent.start()
         agents.append(agent)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -42,7 +43,7 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
     agents: list[Agent] = []
 
     async def make(
-        node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: object
+        node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: Any
     ) -> Agent:
         settings = WorkerSettings(
             node=node,
@@ -52,7 +53,7 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
             drain_grace_s=1.0,
             kernel_modules=("tests.kernels_for_tests",),
             **kw,
-        )  # type: ignore[arg-type]
+        )
         agent = Agent(broker, settings, await connect(broker, name=node))
         await agent.start()
         agents.append(agent)

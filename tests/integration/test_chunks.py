@@ -102,6 +102,7 @@ async def test_first_result_wins_and_a_second_is_rejected(
     # Then it is rejected as "already recorded", and the first one stays
     assert isinstance(raised, ResultAlreadyRecorded)
     msg = await conn.js.get_last_msg(broker.subjects.results_stream("default"), subject)
+    assert msg.data is not None
     assert decode(ChunkResult, msg.data).node == "a"
 
 

@@ -113,6 +113,7 @@ def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
         proc.kill()
         proc.wait()
         for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
             stream.close()
 
 
@@ -160,6 +161,7 @@ def test_cli_run_and_status_against_a_running_fabric(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
+        assert worker.stdout is not None
         worker.stdout.close()
 
 

@@ -48,7 +48,9 @@ async def request_leases(
 async def advert_of(conn: Connection, broker: BrokerSettings, node: str) -> NodeAdvert:
     """The node's advert as KV holds it now."""
     kv = await topology.nodes_bucket(conn.js, broker)
-    return decode(NodeAdvert, (await kv.get(node)).value)
+    entry = await kv.get(node)
+    assert entry.value is not None
+    return decode(NodeAdvert, entry.value)
 
 
 async def test_unrenewed_lease_expires_and_next_advert_shows_vram_free(

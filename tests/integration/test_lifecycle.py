@@ -257,7 +257,7 @@ async def running_job_with_leases(env: dict[str, str], exclude: str) -> str:
 def no_leases(env: dict[str, str]) -> bool:
     """Whether the fleet holds no lease and no leased VRAM."""
     status = cli(env, "status")
-    return status["leases"] == 0 and status["leased_bytes"] == 0 and status["n_nodes"] == 1
+    return bool(status["leases"] == 0 and status["leased_bytes"] == 0 and status["n_nodes"] == 1)
 
 
 async def test_a_timed_out_run_deletes_its_consumer_and_records_the_timeout(

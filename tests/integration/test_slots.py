@@ -84,6 +84,7 @@ async def stored_results(
     out = []
     for i in range(n):
         msg = await conn.js.get_last_msg(stream, broker.subjects.result("default", job_id, i))
+        assert msg.data is not None
         out.append(decode(ChunkResult, msg.data))
     return out
 
@@ -445,7 +446,8 @@ def flaky(spec: dict[str, Any]) -> int:
     """Fail until the flag file exists."""
     if spec["bad"] and not Path(spec["flag"]).exists():
         raise ValueError("the flag is not there yet")
-    return spec["i"]
+    i: int = spec["i"]
+    return i
 
 
 async def test_rerun_with_retry_failed_turns_a_failed_chunk_into_a_success(
