@@ -27,10 +27,7 @@ import attrs
 
 from vramfabric.broker.errors import ChunkTimeout, ExecutorCrashed
 from vramfabric.broker.messages import Lease
-from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.prebuild import start_prebuild
-from vramfabric.kernels.registry import load_registry
-from vramfabric.kernels.settings import CudaSettings
 
 from .containment import Containment
 from .gpus import GpuSpec
@@ -340,8 +337,7 @@ class ExecutorPool:
         # Simulated GPUs run registered CUDA on the host path. Started after the executors,
         # whose start it slowed down by a second on a 2-core machine.
         if self.gpus[0].simulated:
-            registry = load_registry(builtin_registry(), self.settings.kernel_modules)
-            start_prebuild(registry, CudaSettings.from_env())
+            start_prebuild(self.settings.kernel_modules)
 
     async def close(self) -> None:
         """Kill every executor (chunks still running fail as crashed) and wait for them."""
