@@ -52,7 +52,7 @@ def chunk_fn() -> Callable[[bytes], bytes]:
     """One chunk's computation, as a simulated vramfabric worker runs it."""
     if HYPERPARAM_EVAL.cuda is not None:
         kernel = HYPERPARAM_EVAL.cuda()
-        return kernel.run_host  # type: ignore[no-any-return]
+        return kernel.run_host
     return lambda data: HYPERPARAM_EVAL.run(np, {}, data)
 
 

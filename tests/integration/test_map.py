@@ -90,7 +90,7 @@ async def test_a_caller_that_stops_reading_stops_the_submission(
 
     results = fabric.map(double, endless(), slices=2)
     # When the caller takes one result and then reads no more for a while
-    assert await results.__anext__() in range(0, 200, 2)  # type: ignore[attr-defined]
+    assert await results.__anext__() in range(0, 200, 2)
     await asyncio.sleep(1.0)  # the sampling interval: what the map reads meanwhile
     # Then the map read no more than a window past what was taken: results not taken hold
     # their places, so memory stays bounded however slow the caller is

@@ -55,6 +55,13 @@ def service() -> tuple[LeaseService, SliceLedger, WorkerMetrics, list[str]]:
     return svc, ledger, metrics, events
 
 
+def request(op: str, data: bytes) -> Msg:
+    """A lease request with no reply subject, as the service's handler receives it."""
+    subject = SUBJECTS.lease("t1", "n1", op)
+    # nats-py types the client as required; with no reply subject nothing calls it.
+    return Msg(_client=None, subject=subject, data=data)  # type: ignore[arg-type]
+
+
 @settings(max_examples=300, deadline=None)
 @given(payload=hostile, op=st.sampled_from(["acquire", "renew", "release"]))
 def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
@@ -62,7 +69,7 @@ def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
 ) -> None:
     # Given a serving node
     svc, ledger, metrics, _events = service()
-    msg = Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", op), data=payload)  # type: ignore[arg-type]
+    msg = request(op, payload)
     # When a hostile payload arrives
     asyncio.run(svc.handle(msg))
     # Then it was either a valid request, or it was counted as invalid and changed nothing
@@ -78,12 +85,10 @@ def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
 def test_a_valid_request_still_grants_after_garbage() -> None:
     # Given a node that has seen garbage
     svc, ledger, _metrics, events = service()
-    asyncio.run(
-        svc.handle(Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", "acquire"), data=b"\xc1"))
-    )  # type: ignore[arg-type]
+    asyncio.run(svc.handle(request("acquire", b"\xc1")))
     # When a valid request follows
     req = LeaseRequest(request_id="r1", job="j", count=3, slice_bytes=GIB, ttl_s=5)
-    msg = Msg(_client=None, subject=SUBJECTS.lease("t1", "n1", "acquire"), data=encode(req))  # type: ignore[arg-type]
+    msg = request("acquire", encode(req))
     asyncio.run(svc.handle(msg))
     # Then it is granted, and a granted event is published
     assert len(ledger) == 3

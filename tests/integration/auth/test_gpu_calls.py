@@ -84,7 +84,7 @@ async def test_a_tenant_maps_and_breaks_off_leaving_nothing(
         taken.append(x)
         if len(taken) == 5:
             break
-    await results.aclose()  # type: ignore[attr-defined]
+    await results.aclose()
     # Then her leases are gone and her work stream holds no chunk and no consumer
     assert len(taken) == 5 and len(agent.ledger) == 0
     op = await connections(auth_fabric.operator_of("alice"))
