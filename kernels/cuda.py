@@ -161,8 +161,11 @@ class CudaKernel:
         # Padded like the GPU's zeroed `out` buffer, so both give the same bytes.
         return out.ljust(self.max_output_bytes, b"\0")
 
-    def run_host(self, data: bytes) -> bytes:
+    def run_host(self, data: bytes, builtin: bool = False) -> bytes:
         """Run the CUDA source on the CPU (host.py); a PTX kernel runs its reference instead.
+
+        `builtin`: the node's own code (a registered kernel's CUDA version), whose library
+        may be built in the node's built-ins folder.
 
         Raises:
             HostUnsupported: the source uses a CUDA feature the host path lacks.
@@ -176,7 +179,7 @@ class CudaKernel:
             # Built once per kernel object: scanning and hashing the source per chunk is slow.
             with _host_lock:
                 if not self._host:
-                    self._host.append(launcher(self))
+                    self._host.append(launcher(self, builtin=builtin))
         return run_host(self, data, self._host[0])
 
     def launch(self, cupy: ModuleType, data: bytes, modules: ModuleCache) -> bytes:

@@ -38,8 +38,13 @@ _lock = threading.Lock()
 _libraries: dict[Path, ctypes.CDLL] = {}
 
 
-def launcher(kernel: CudaKernel, settings: CudaSettings | None = None) -> Callable[..., int]:
+def launcher(
+    kernel: CudaKernel, settings: CudaSettings | None = None, builtin: bool = False
+) -> Callable[..., int]:
     """The kernel's `vf_launch`, built and loaded on first use in this process.
+
+    A `builtin` (a registered kernel's CUDA version: the node's own code) is built in the
+    node's built-ins folder where this uid may write it, beside the agent's prebuild.
 
     Raises:
         HostUnsupported: the source uses a feature the host path lacks.
@@ -47,7 +52,8 @@ def launcher(kernel: CudaKernel, settings: CudaSettings | None = None) -> Callab
     """
     if not kernel.source:
         raise KernelCompileError(f"{kernel.name}: the host path runs CUDA source, not PTX")
-    cache = (settings or CudaSettings.from_env()).cache()
+    settings = settings or CudaSettings.from_env()
+    cache = settings.builtins_cache() if builtin else settings.cache()
     # One lock: threads starting the same new kernel wait for one g++, not one each.
     with _lock:
         path = build(kernel.name, kernel.source, kernel.entry, cache)

@@ -39,7 +39,7 @@ def prebuild(registry: Registry, settings: CudaSettings) -> list[str]:
         KernelCompileError: one did not build (g++ missing or failed), or the folder is not
             this user's alone.
     """
-    cache = HostCache(settings.builtins_dir, own_mode=BUILTINS_MODE)
+    cache = HostCache(settings.builtins_dir, own_mode=BUILTINS_MODE)  # refused if not ours
     names = []
     for kernel in registry.values():
         if kernel.cuda is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from .host_cache import HostCache
+from .host_cache import BUILTINS_MODE, HostCache
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _ARCH = re.compile(r"sm_\d{2,3}[a-z]?")
@@ -61,6 +61,17 @@ class CudaSettings:
     def cache(self) -> HostCache:
         """The host cache: this process's folder, and the node's built-ins to read first."""
         return HostCache(self.host_cache, self.builtins_dir)
+
+    def builtins_cache(self) -> HostCache:
+        """Where the node's own kernels are built: the built-ins folder, if this uid owns it.
+
+        So a shared-uid executor and the agent's prebuild share one build; an executor of a
+        tenant's uid reads that folder (the agent's) and builds in `cache()`.
+        """
+        folder = self.builtins_dir
+        if folder.exists() and folder.stat().st_uid != os.getuid():
+            return self.cache()
+        return HostCache(folder, own_mode=BUILTINS_MODE)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CudaSettings:

@@ -22,6 +22,8 @@ import attrs
 
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
 from vramfabric.broker.server import die_with_parent
+from vramfabric.kernels.cuda_compile import KernelCompileError
+from vramfabric.kernels.host_cache import BUILTINS_MODE, own_folder
 from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
@@ -125,6 +127,9 @@ class ExecutorProcess:
             args.append("--simulated")
             # The node's built-in host kernels (kernels/prebuild.py), built by this agent.
             cuda = CudaSettings.from_env()
+            # Made here, as this uid's: an executor of a tenant's uid must never make it.
+            with contextlib.suppress(KernelCompileError, OSError):
+                own_folder(cuda.builtins_dir, BUILTINS_MODE)
             env["VRAMFABRIC_HOST_BUILTINS"] = str(cuda.builtins_dir)
             if sandbox is None:  # a contained executor builds in its own private folder
                 env["VRAMFABRIC_HOST_CACHE"] = str(cuda.host_cache)

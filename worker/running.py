@@ -136,7 +136,7 @@ class WorkRunner:
         if self.gpu is not None:
             return cuda.launch(self.xp, data, self.modules)
         try:
-            return cuda.run_host(data)
+            return cuda.run_host(data, builtin=True)
         except NoHostCompiler as exc:
             self._host_path = False
             log.warning("registered kernels run their NumPy reference here: %s", exc)

@@ -198,3 +198,18 @@ def test_prune_deletes_what_no_one_used_and_keeps_what_was_found(tmp_path: Path)
     # Then only the unused one is deleted; the used one is still found
     assert [p.name for p in gone] == ["old.so"]
     assert cache.find("old.so") is None and cache.find("used.so") is not None
+
+
+def test_a_builtin_is_built_in_the_nodes_folder_only_where_this_uid_owns_it(
+    tmp_path: Path,
+) -> None:
+    # A shared-uid executor builds the node's own kernels beside the agent's prebuild
+    settings = CudaSettings(host_cache=tmp_path / "own", host_builtins=tmp_path / "builtins")
+    assert settings.builtins_cache().own == tmp_path / "builtins"
+    if os.geteuid() != 0:
+        pytest.skip("handing the folder to another uid needs root")
+    # An executor of a tenant's uid (here: the folder is another uid's) builds in its own
+    (tmp_path / "builtins").mkdir()
+    os.chown(tmp_path / "builtins", 54321, 54321)
+    assert settings.builtins_cache().own == tmp_path / "own"
+    assert settings.cache().find("missing.so") is None  # and does not trust it to load from
