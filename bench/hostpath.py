@@ -44,7 +44,7 @@ Case = tuple[Callable[[], object], Callable[[bytes], bytes], Callable[[], list[b
 
 def cases() -> dict[str, Case]:
     """The cases by kernel name."""
-    from vramfabric.demo import PATTERNS
+    from vramfabric.demo_patterns import PATTERNS
     from vramfabric.kernels import fitness, hyperparam, inference, montecarlo, tiles
 
     found: dict[str, Case] = {

@@ -205,7 +205,7 @@ def _private_pipes() -> tuple[BinaryIO, BinaryIO]:
 
 def _prune_host_cache() -> None:
     """Delete this uid's host-path libraries no process used for a month."""
-    cache = CudaSettings.from_env().host_cache()
+    cache = CudaSettings.from_env().cache()
     try:
         cache.prune(UNUSED_S, time.time())
     except OSError as exc:  # an unreadable folder: nothing this process can collect
