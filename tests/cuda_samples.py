@@ -1,7 +1,8 @@
 """CUDA sources shared by the CUDA-kernel tests (unit, integration and GPU).
 
 A grid-stride SAXPY, `y = a x + 1` over the chunk's float32s, as CUDA C++ and as the PTX
-nvcc makes of it.
+nvcc makes of it; and FAULT, a kernel that writes to an invalid device address (never run
+on the host path: it would crash the process, as it poisons a GPU context).
 """
 
 SAXPY = r"""
@@ -67,5 +68,13 @@ $L__BB0_2:
 
 $L__BB0_3:
     ret;
+}
+"""
+# Writes to an address no GPU maps: the GPU tests run it beside healthy leases.
+FAULT = r"""
+extern "C" __global__ void fault(const unsigned char* in, float* out, unsigned long long n) {
+    float* nowhere = (float*)16;  // never a valid device address
+    if (threadIdx.x == 0) nowhere[n] = 1.0f;
+    out[threadIdx.x] = 0.0f;
 }
 """

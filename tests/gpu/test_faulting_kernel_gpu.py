@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from tests.cuda_samples import SAXPY
+from tests.cuda_samples import FAULT, SAXPY
 from tests.gpu.conftest import GpuAgent
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.broker.retry import RetryPolicy
@@ -20,13 +20,6 @@ from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.kernels import CudaKernel
 
-FAULT = r"""
-extern "C" __global__ void fault(const unsigned char* in, float* out, unsigned long long n) {
-    float* nowhere = (float*)16;  // never a valid device address
-    if (threadIdx.x == 0) nowhere[n] = 1.0f;
-    out[threadIdx.x] = 0.0f;
-}
-"""
 N_FLOATS = 1024
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_samples import FAULT
 from vramfabric.kernels import CudaKernel, fitness, inference, montecarlo, nvrtc, tiles
 from vramfabric.kernels.nvrtc import check_source
 
@@ -116,3 +117,9 @@ def test_rastrigin_is_zero_at_the_origin() -> None:
     data = np.zeros((3, fitness.N_GENES), np.float32).tobytes()
     out = np.frombuffer(fitness.cuda_kernel().run_host(data), np.float32)
     assert out[:4].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+@needs_nvrtc
+def test_the_gpu_tests_faulting_sample_compiles_for_sm_90() -> None:
+    # It faults when it runs, not when it compiles: the GPU test relies on that.
+    assert check_source("fault", FAULT, "fault", ["sm_90"])
