@@ -61,7 +61,7 @@ def test_job_id_is_a_stable_hash_of_the_spec() -> None:
         ),
         pytest.param(lambda: job(args={"seed": 2}), id="args-added"),
         pytest.param(
-            lambda: job(kernel=attrs.evolve(HYPERPARAM_EVAL, version="2")), id="kernel-version"
+            lambda: job(kernel=attrs.evolve(HYPERPARAM_EVAL, version="9")), id="kernel-version"
         ),
     ],
 )
