@@ -9,6 +9,7 @@ page costs the same whatever the number of jobs and results stored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 # Records fetched per pull.
 _BATCH = 1000
-# Records an ordered consumer may push ahead of the reader (nats-py's buffer).
-_PUSHED_MAX = 100_000
 # The first look back for the newest page spans this many stream sequences per record wanted.
 _SPAN_PER_RECORD = 4
 # Headers marking a KV delete or purge (a removed job's record).
@@ -90,8 +89,9 @@ class RecordReader:
     async def read(self, start_seq: int = 1) -> AsyncIterator[StoredRecord]:
         """Every record of the tenant from `start_seq` on, in stream order (oldest first).
 
-        Pushed by an ordered consumer (flow-controlled by the server): pulling them in
-        batches cost six times as much per record here.
+        Pushed by an ordered consumer (flow-controlled by the server) into a callback, in
+        batches of _BATCH: pulling them, or awaiting them one by one, cost several times as
+        much per record here.
         """
         pending = await self._pending(start_seq)
         if pending == 0:
@@ -101,22 +101,37 @@ class RecordReader:
             opt_start_seq=start_seq,
             mem_storage=True,
         )
+        batch: list[Msg] = []
+        seen = 0
+        ready = asyncio.Event()
+
+        async def take(msg: Msg) -> None:
+            nonlocal seen
+            batch.append(msg)
+            seen += 1
+            if len(batch) >= _BATCH or seen >= pending:
+                ready.set()
+
         subject = self.broker.subjects.job_records(self.tenant)
         with nats_errors():
             sub = await self.conn.js.subscribe(
-                subject,
-                stream=self._stream,
-                ordered_consumer=True,
-                config=config,
-                pending_msgs_limit=_PUSHED_MAX,
+                subject, stream=self._stream, ordered_consumer=True, config=config, cb=take
             )
         try:
-            for _ in range(pending):
-                with nats_errors():
-                    msg = await sub.next_msg(timeout=self._timeout_s)
-                record = self._parse(msg)
-                if record is not None:
-                    yield record
+            done, quiet = 0, False
+            while done < pending and not quiet:
+                try:
+                    await asyncio.wait_for(ready.wait(), self._timeout_s)
+                except TimeoutError:
+                    # Fewer came than were counted: records removed meanwhile (an `rm`).
+                    log.debug("records stopped coming tenant=%s read=%d", self.tenant, seen)
+                    quiet = True
+                ready.clear()
+                msgs, batch[:] = list(batch), []
+                done += len(msgs)
+                for record in map(self._parse, msgs):
+                    if record is not None:
+                        yield record
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
