@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from vramfabric.broker import BrokerSettings, topology
+from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.messages import JobRecord
@@ -31,7 +31,7 @@ from vramfabric.coordinator import joblist
 
 async def store_records(conn: Connection, broker: BrokerSettings, n: int) -> None:
     """Write `n` finished jobs' run records, oldest first, and wait until all are stored."""
-    await topology.jobs_bucket(conn.js, broker)
+    await buckets.jobs_bucket(conn.js, broker)
     s, now = broker.subjects, time.time()
     for i in range(n):
         rec = JobRecord(

@@ -14,7 +14,7 @@ from datetime import datetime
 import attrs
 import nats.js.errors
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.settings import BrokerSettings
@@ -68,7 +68,7 @@ async def collect_blobs(
     A record that does not decode, or was written by a version that did not name its
     blob, could name any: then nothing is collected.
     """
-    store = await topology.kernels_store(conn.js, broker, tenant)
+    store = await buckets.kernels_store(conn.js, broker, tenant)
     with nats_errors():
         try:
             infos = await store.list(ignore_deletes=True)

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets, topology
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     CodeRefused,
@@ -84,9 +84,7 @@ class Fabric:
     async def start(self) -> None:
         """Create the tenant's streams and buckets and start watching adverts."""
         await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
-        self._kernels = await topology.kernels_store(
-            self.conn.js, self.broker, self.settings.tenant
-        )
+        self._kernels = await buckets.kernels_store(self.conn.js, self.broker, self.settings.tenant)
         self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
 

@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, from_nats, nats_errors
@@ -120,9 +120,9 @@ async def stored_adverts(conn: Connection, broker: BrokerSettings) -> dict[str, 
         with nats_errors():
             kv = await js.key_value(broker.subjects.nodes_bucket())
     else:
-        kv = await topology.nodes_bucket(js, broker)
+        kv = await buckets.nodes_bucket(js, broker)
     out: dict[str, bytes] = {}
-    for key in await topology.kv_keys(js, broker, broker.subjects.nodes_bucket()):
+    for key in await buckets.kv_keys(js, broker, broker.subjects.nodes_bucket()):
         with nats_errors():
             try:
                 entry = await kv.get(key)

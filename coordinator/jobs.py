@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import nats.js.errors
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
@@ -319,7 +319,7 @@ async def publish_spec(conn: Connection, broker: BrokerSettings, spec: JobSpec) 
     # grant that could read or list other tenants' specs in the shared bucket.
     with contextlib.suppress(PermissionDenied):
         # With auth on, the operator made the bucket and a tenant may not even look at it.
-        await topology.jobs_bucket(conn.js, broker)
+        await buckets.jobs_bucket(conn.js, broker)
     subject = broker.subjects.job_spec(spec.tenant, spec.job_id)
     with nats_errors():
         await conn.js.publish(subject, encode(spec))

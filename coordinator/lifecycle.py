@@ -17,7 +17,7 @@ import time
 import attrs
 import nats.js.errors
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets, topology
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, JobNotFound, PermissionDenied, nats_errors
 from vramfabric.broker.messages import JobRecord
@@ -142,7 +142,7 @@ async def _purge(conn: Connection, stream: str, subject: str) -> None:
 
 async def _delete_outputs(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> None:
     """Delete the job's large outputs from the tenant's outputs store."""
-    store = await topology.outputs_store(conn.js, broker, tenant)
+    store = await buckets.outputs_store(conn.js, broker, tenant)
     with nats_errors():
         try:
             infos = await store.list()

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.js.object_store import ObjectStore
 from prometheus_client import Counter
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
@@ -154,7 +154,7 @@ class ResultsConsumer:
         """The result with its output read from the outputs store (or failed, naming why)."""
         try:
             if self._outputs is None:
-                self._outputs = await topology.outputs_store(
+                self._outputs = await buckets.outputs_store(
                     self.conn.js, self.broker, self.spec.tenant
                 )
             got = await self._outputs.get(str(result.output_ref))

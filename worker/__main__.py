@@ -13,7 +13,7 @@ import time
 
 import attrs
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed
@@ -119,7 +119,7 @@ async def check(broker: BrokerSettings, node: str) -> int:
     """RET_OK if `node`'s advert in KV is younger than the node TTL, else RET_CHECK_FAILED."""
     conn = await connect(broker, name=f"check-{node}")
     try:
-        kv = await topology.nodes_bucket(conn.js, broker)
+        kv = await buckets.nodes_bucket(conn.js, broker)
         try:
             advert = decode(NodeAdvert, (await kv.get(node)).value or b"")
         except Exception as exc:  # a missing key, a limit marker or a bad advert: not fresh

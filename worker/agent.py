@@ -18,7 +18,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from vramfabric.broker import tenants, topology
+from vramfabric.broker import buckets, tenants
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
@@ -124,7 +124,7 @@ class Agent:
         book = self.adverts if self.adverts is not None else AdvertBook(self.broker.node_ttl_s)
         self.fair = FleetShare(self.ledger, policy, book, self.settings.waiting_ttl_s)
         js = self.conn.js
-        nodes_kv = await topology.nodes_bucket(js, self.broker)
+        nodes_kv = await buckets.nodes_bucket(js, self.broker)
         self._runner = ChunkRunner(
             self.settings,
             self.ledger,

@@ -26,7 +26,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.errors import LeaseDenied, VramfabricError
 from vramfabric.broker.messages import Lease, QuotaReservations, Reservation
@@ -200,5 +200,5 @@ async def open_book(
     """The node's QuotaBook on the quota bucket; None when no tenant has a quota."""
     if all(rules.quota_bytes is None for rules in policy.tenants.values()):
         return None
-    kv = await topology.quota_bucket(js, broker)
+    kv = await buckets.quota_bucket(js, broker)
     return QuotaBook(kv, ledger, policy, broker.call_retry)

@@ -17,7 +17,7 @@ from nats.js.api import ObjectInfo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker import topology
+from vramfabric.broker import buckets
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.settings import BrokerSettings
@@ -58,7 +58,7 @@ class ChunkStore:
 
     async def _bucket(self) -> KeyValue:
         if self._checkpoints is None:
-            self._checkpoints = await topology.checkpoints_bucket(self.conn.js, self.broker)
+            self._checkpoints = await buckets.checkpoints_bucket(self.conn.js, self.broker)
         return self._checkpoints
 
     def _key(self, tenant: str, job: str, index: int) -> str:
@@ -94,7 +94,7 @@ class ChunkStore:
             bucket = self.broker.subjects.outputs_store(tenant)
             if not self.broker.accounts:
                 # With auth on it is in the tenant's account, provisioned by the operator.
-                await topology.outputs_store(self.conn.js, self.broker, tenant)
+                await buckets.outputs_store(self.conn.js, self.broker, tenant)
             js = self.conn.tenant_js(tenant)
             store = PutOnlyStore(
                 name=bucket, stream=self.broker.subjects.object_stream(bucket), js=js

@@ -27,9 +27,9 @@ from vramfabric.broker import (
     LeaseRequest,
     ReleaseRequest,
     RenewRequest,
+    buckets,
     decode,
     encode,
-    topology,
 )
 from vramfabric.broker.messages import GpuState, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
@@ -127,7 +127,7 @@ async def flood(
         spec = job.spec(settings)
         run = asyncio.create_task(fabric.run(job, ArgMin(), slices=32, timeout_s=600))
         targets = _targets(broker, spec.job_id, spec.n_chunks, nodes)
-        kv = await topology.nodes_bucket(conn.js, broker)
+        kv = await buckets.nodes_bucket(conn.js, broker)
         max_bytes = conn.nc.max_payload
         for start in range(0, total, window):
             batch = [rng.choice(targets) for _ in range(min(window, total - start))]

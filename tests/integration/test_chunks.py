@@ -21,6 +21,7 @@ from vramfabric.broker import (
     LeaseGrant,
     LeaseRequest,
     RetryPolicy,
+    buckets,
     decode,
     encode,
     topology,
@@ -35,7 +36,7 @@ async def prepare_job(
     """Store the job's spec and consumer and lease slices on `node`, as a coordinator would."""
     spec = job.spec(CoordinatorSettings(ack_wait_s=2.0))
     await topology.ensure_tenant(conn.js, broker, spec.tenant)
-    kv = await topology.jobs_bucket(conn.js, broker)
+    kv = await buckets.jobs_bucket(conn.js, broker)
     await kv.put(broker.subjects.job_key(spec.tenant, spec.job_id), encode(spec))
     await topology.ensure_job_consumer(conn.js, broker, spec)
     req = LeaseRequest(request_id="p1", job=spec.job_id, count=leases, slice_bytes=2**30, ttl_s=30)

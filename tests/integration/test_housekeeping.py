@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
-from vramfabric.broker import BrokerSettings, topology
+from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.errors import JobNotFound
 from vramfabric.coordinator import Gather, Job, joblist
 from vramfabric.coordinator.collect import BLOB_MIN_AGE_S, housekeep
@@ -45,7 +45,7 @@ async def test_housekeeping_removes_old_jobs_and_unnamed_blobs_and_keeps_a_runni
     running_job = Job(slow_triple, [(1, str(tmp_path))])
     running = asyncio.create_task(fabric.run(running_job, Gather()))
     await eventually(lambda: bool(os.listdir(tmp_path)), timeout_s=30)
-    store = await topology.kernels_store(fabric.conn.js, broker, "default")
+    store = await buckets.kernels_store(fabric.conn.js, broker, "default")
     digests = {info.name for info in await store.list(ignore_deletes=True)}
     assert len(digests) == 2
     # When housekeeping runs past the finished job's retention and the blobs' upload grace

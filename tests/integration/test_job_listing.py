@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from vramfabric.broker import BrokerSettings, topology
+from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.messages import JobRecord
@@ -21,7 +21,7 @@ N_JOBS = 100_000
 
 async def store_finished_jobs(conn: Connection, broker: BrokerSettings, n: int) -> None:
     """Write `n` finished jobs' run records as their coordinators would, oldest first."""
-    await topology.jobs_bucket(conn.js, broker)
+    await buckets.jobs_bucket(conn.js, broker)
     s, now = broker.subjects, time.time()
     for i in range(n):
         rec = JobRecord(
@@ -85,7 +85,7 @@ async def test_a_job_whose_spec_and_record_do_not_decode_is_listed_and_removed(
     conn: Connection, broker: BrokerSettings
 ) -> None:
     # Given a job whose spec and run record are garbage
-    await topology.jobs_bucket(conn.js, broker)
+    await buckets.jobs_bucket(conn.js, broker)
     s = broker.subjects
     await conn.js.publish(s.job_spec("default", "broken"), b"\xc1 not msgpack")
     await conn.js.publish(s.job_record("default", "broken"), b"\xc1 not msgpack")

@@ -17,9 +17,9 @@ from vramfabric.broker import (
     ReleaseReply,
     ReleaseRequest,
     RemoteError,
+    buckets,
     decode,
     encode,
-    topology,
 )
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator import ArgMin, Job
@@ -47,7 +47,7 @@ async def request_leases(
 
 async def advert_of(conn: Connection, broker: BrokerSettings, node: str) -> NodeAdvert:
     """The node's advert as KV holds it now."""
-    kv = await topology.nodes_bucket(conn.js, broker)
+    kv = await buckets.nodes_bucket(conn.js, broker)
     entry = await kv.get(node)
     assert entry.value is not None
     return decode(NodeAdvert, entry.value)
@@ -256,13 +256,13 @@ async def test_listing_the_nodes_bucket_finds_every_stored_key_on_every_read(
     conn: Connection, broker: BrokerSettings
 ) -> None:
     # Given one live advert and one deleted (a marker readers skip)
-    kv = await topology.nodes_bucket(conn.js, broker)
+    kv = await buckets.nodes_bucket(conn.js, broker)
     await kv.put("n1", b"advert")
     await kv.put("n2", b"advert")
     await kv.delete("n2")
     # When the keys are listed again and again (nats-py's keys() lost them now and then)
     listings = [
-        await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()) for _ in range(100)
+        await buckets.kv_keys(conn.js, broker, broker.subjects.nodes_bucket()) for _ in range(100)
     ]
     # Then every listing has both subjects, and only n1 reads back a value
     assert listings == [["n1", "n2"]] * 100

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory
-from vramfabric.broker import BrokerSettings, Connection, decode, encode, tenants, topology
+from vramfabric.broker import BrokerSettings, Connection, buckets, decode, encode, tenants
 from vramfabric.broker.messages import (
     LeaseGrant,
     LeaseRequest,
@@ -72,8 +72,8 @@ def held(agents: list[Agent], tenant: str = "alice") -> int:
 
 async def advertised(conn: Connection, broker: BrokerSettings, tenant: str = "alice") -> int:
     """Slices the tenant holds over the fleet, as the nodes' adverts in KV say."""
-    kv = await topology.nodes_bucket(conn.js, broker)
-    keys = await topology.kv_keys(conn.js, broker, broker.subjects.nodes_bucket())
+    kv = await buckets.nodes_bucket(conn.js, broker)
+    keys = await buckets.kv_keys(conn.js, broker, broker.subjects.nodes_bucket())
     adverts = [decode(NodeAdvert, (await kv.get(k)).value or b"") for k in keys]
     return sum(a.tenants.get(tenant, 0) for a in adverts) // GIB
 
@@ -195,7 +195,7 @@ async def test_renewal_extends_the_reservation_before_the_leases(
     renew = decode(RenewReply, reply.data)
     # Then the leases are renewed, and her reservation in KV covers them for as long
     assert set(renew.expires_at) == set(ids) and not renew.revoked
-    kv = await topology.quota_bucket(conn.js, broker)
+    kv = await buckets.quota_bucket(conn.js, broker)
     book = decode(QuotaReservations, (await kv.get("alice")).value or b"")
     mine = book.nodes[node.settings.node]
     assert mine.reserved_bytes == 3 * GIB

@@ -31,7 +31,7 @@ from tests.authsetup import (
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric import cli
-from vramfabric.broker import tenants, topology
+from vramfabric.broker import buckets, tenants
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import ErrorKind, JobCancelled, JobNotFound, PermissionDenied
@@ -291,7 +291,7 @@ async def test_a_jobs_bucket_made_with_rollups_on_is_turned_off(
     op = await connections(op_settings)
     await op.js.create_key_value(bucket=s.jobs_bucket(), history=1, direct=True)
     # When a process binds it through topology
-    await topology.jobs_bucket(op.js, op_settings)
+    await buckets.jobs_bucket(op.js, op_settings)
     # Then a rollup publish to it is refused by the server
     with pytest.raises(Exception, match=r"(?i)rollup"):
         await op.js.publish(s.job_spec("bob", "x"), b"", headers={"Nats-Rollup": "all"})
