@@ -3,7 +3,7 @@
 It needs an NVIDIA GPU and `pip install '.[gpu]'`; without CUDA it says why on stderr,
 prints one JSON line `{"bench": "gpu", "skipped": "..."}` and exits 0.
 
-- `overhead`: per chunk, an executor's GPU path (worker/running.py: the lease's stream and
+- `overhead`: per chunk, an executor's GPU path (worker/executor_work.py: the lease's stream and
   capped pool, the input copied in, the zeroed `out`, the launch, the wait, `out` copied
   back) with the module cached, against the kernel's own time (CUDA events around the bare
   launch): `overhead_us` is the difference.
@@ -104,7 +104,7 @@ def overhead(cupy: ModuleType, kernel: Any, loops: int, chunks: int) -> dict[str
     """Per chunk: the executor's GPU path with a cached module, against the bare kernel."""
     from vramfabric.kernels import builtin_registry
     from vramfabric.kernels.code import Context
-    from vramfabric.worker.running import WorkRunner
+    from vramfabric.worker.executor_work import WorkRunner
 
     runner = WorkRunner(builtin_registry(), simulated=False)
     runner.add_blob(kernel.digest, kernel.to_blob())

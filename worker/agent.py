@@ -30,17 +30,17 @@ from vramfabric.kernels.code import python_version
 
 from .adverts import Heartbeat
 from .calls import CallService
-from .execute import ChunkRunner
 from .fairness import AdvertBook, FleetShare
 from .gpus import GpuSpec, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .policy import PolicyFile
+from .pool import ExecutorPool
 from .puller import JobPuller
 from .quota import open_book
 from .settings import WorkerSettings
-from .slots import ExecutorPool
+from .slot import ChunkRunner
 from .store import ChunkStore
 from .work import WorkLoader
 

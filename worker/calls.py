@@ -31,8 +31,8 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.subjects import Subjects
 
-from .execute import ChunkRunner
 from .metrics import WorkerMetrics
+from .slot import ChunkRunner
 from .work import refusal
 
 log = logging.getLogger(__name__)

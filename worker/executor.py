@@ -1,9 +1,9 @@
 """An executor process: runs chunks for one GPU (and one tenant) on one thread per lease.
 
-Started by the node agent (`worker/process.py`) as `python -m vramfabric.worker.executor`.
+Started by the node agent (`worker/executor_handle.py`) as `python -m vramfabric.worker.executor`.
 Frames (worker/ipc.py) come in on stdin and go out on a private copy of stdout; the real
 stdout is pointed at stderr so that a user's `print` cannot corrupt the frame stream. Each
-`run` frame runs on its own thread (worker/running.py runs the work). This process may
+`run` frame runs on its own thread (worker/executor_work.py runs the work). This process may
 crash, hang or be killed at any time: the agent fails its running chunks and starts another.
 """
 
@@ -26,8 +26,8 @@ from vramfabric.kernels.registry import load_registry
 from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
+from .executor_work import Failure, WorkRunner, is_cuda_error, summary
 from .hardening import make_undumpable
-from .running import Failure, WorkRunner, is_cuda_error, summary
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0

@@ -31,11 +31,11 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .execute import ChunkRunner
-from .handler import ChunkHandler, quiet
+from .chunk import ChunkHandler, quiet
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .settings import WorkerSettings
+from .slot import ChunkRunner
 
 log = logging.getLogger(__name__)
 

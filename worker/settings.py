@@ -33,7 +33,7 @@ class WorkerSettings:
     run on this node. `chunk_timeout_s` is the deadline of a chunk whose job sets none.
     Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
     A node runs at most `max_executors_per_gpu` executor processes on one GPU and
-    `max_executors` in all (worker/slots.py).
+    `max_executors` in all (worker/pool.py).
     `executor_uids` are the uids tenants' executors run as, one per tenant (worker/containment.py);
     None: root uses the default range, any other user runs them as itself.
     """
@@ -68,7 +68,7 @@ class WorkerSettings:
     max_executors_per_gpu: int = attrs.field(default=8, validator=attrs.validators.ge(2))
     max_executors: int = attrs.field(default=32, validator=attrs.validators.ge(2))
     # Start executors ahead of chunks: a spare per GPU while idle, and a lease's when it is
-    # granted (worker/slots.py). Nodes simulated side by side in one process
+    # granted (worker/pool.py). Nodes simulated side by side in one process
     # (worker/colocated.py) start one only when a chunk needs it.
     eager_executors: bool = True
 

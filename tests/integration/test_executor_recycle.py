@@ -7,7 +7,7 @@ from collections.abc import Callable
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.coordinator import Gather, Job
-from vramfabric.worker.slots import MAX_WORKS_PER_EXECUTOR
+from vramfabric.worker.pool import MAX_WORKS_PER_EXECUTOR
 
 
 def numbered(k: int) -> Callable[[int], tuple[int, int]]:

@@ -6,8 +6,8 @@ kernels. A node runs at most `max_executors_per_gpu` processes on a GPU and `max
 in all: a process that would pass either cap waits for room, made by stopping an idle
 process (a spare, a lane no chunk uses) or by one ending. A chunk past its deadline gets its
 process killed: it fails as `timeout`, the process's other chunks learn they were
-bystanders (process.Bystander); a process that dies on its own with several chunks in it
-makes each a suspect (process.Suspect). ChunkRunner re-runs those; a suspect runs `alone`,
+bystanders (executor_handle.Bystander); a process that dies on its own with several chunks in it
+makes each a suspect (executor_handle.Suspect). ChunkRunner re-runs those; a suspect runs `alone`,
 in a process of its own that is stopped once its chunk ends. Nothing here runs users' code:
 it only moves bytes.
 
@@ -30,9 +30,9 @@ from vramfabric.broker.messages import Lease
 from vramfabric.kernels.prebuild import start_prebuild
 
 from .containment import Containment
+from .executor_handle import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
 from .gpus import GpuSpec
 from .layout import ALONE, LANE, ExecutorLayout, alone_key
-from .process import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
 from .room import ExecutorRoom
 from .settings import WorkerSettings
 from .work import Work
@@ -303,7 +303,8 @@ class ExecutorPool:
         for exe in self._procs.values():
             ended = exe.leases - leases
             exe.leases -= ended
-            # A GPU executor keeps a stream and a capped pool per lease until told (running.py).
+            # A GPU executor keeps a stream and a capped pool per lease until told
+            # (executor_work.py).
             if ended and exe.alive and not self.gpus[exe.key[0]].simulated:
                 exe.post({"op": "lease_ended", "leases": sorted(ended)})
         for key, exe in list(self._procs.items()):

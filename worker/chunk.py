@@ -38,9 +38,9 @@ from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
 
-from .execute import ChunkRunner
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
+from .slot import ChunkRunner
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
+from .executor_handle import Bystander, Suspect
 from .ledger import SliceLedger
-from .process import Bystander, Suspect
+from .pool import ExecutorPool
 from .settings import WorkerSettings
-from .slots import ExecutorPool
 from .store import ChunkStore
 from .work import WorkLoader, refusal
 
