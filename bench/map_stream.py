@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -32,8 +31,16 @@ def inc(x: int) -> int:
 
 
 def rss_mb() -> float:
-    """This process's peak resident set size so far, in MB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident set size so far, in MB (VmHWM; Linux reports KiB).
+
+    Not `ru_maxrss`: Linux carries that across exec, so a process a big parent forked (a
+    pytest that ran a thousand tests) would report the parent's size as its own.
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def run(broker: BrokerSettings, n: int, slices: int) -> dict[str, object]:
