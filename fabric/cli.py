@@ -1,4 +1,8 @@
-"""`vramfabric`: demo, up, server, worker, run, status, job and kernel commands; one cmd_* each."""
+"""`vramfabric`: the parser, `main`, and the demo, up, server, worker and kernel commands.
+
+`run` is run_command.py; `status`, `jobs`, `job`, `cancel`, `rm` and `gc` are
+fleet_commands.py; the exit codes are exits.py. One cmd_* function per command.
+"""
 
 from __future__ import annotations
 
@@ -9,36 +13,21 @@ import logging
 import os
 import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-import attrs
 
 from vramfabric.broker import tenants
 from vramfabric.broker.cluster import LocalCluster
-from vramfabric.broker.codec import decode
-from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     Disconnected,
-    InvalidMessage,
     JobCancelled,
     JobNotFound,
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator import joblist, lifecycle
-from vramfabric.coordinator.collect import housekeep
-from vramfabric.coordinator.fabric import Fabric, JobResult
-from vramfabric.coordinator.fleet import stored_adverts
-from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from vramfabric.coordinator.metrics import CoordinatorMetrics
-from vramfabric.coordinator.results import Progress, ResultsConsumer
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels.nvrtc import check_source
 from vramfabric.kernels.settings import CudaSettings, parse_archs
@@ -46,29 +35,28 @@ from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_POR
 
 from . import notebook
 from .authserver import AuthServer
+from .exits import (
+    RET_BROKEN_PIPE,
+    RET_CANCELLED,
+    RET_CONNECT,
+    RET_FAILED,
+    RET_INTERRUPTED,
+    RET_JOB_FAILED,
+    RET_NOT_FOUND,
+    RET_OK,
+    RET_USAGE,
+)
+from .fleet_commands import add_job_commands, cmd_status
 from .report import (
     err,
-    jsonable,
     print_demo,
-    print_job,
-    print_jobs,
-    print_run,
-    print_status,
     progress_bar,
-    report,
-    status_dict,
 )
+from .run_command import NO_NODES_HINT_S, cmd_run, plot, plot_problem, serve_metrics
 
-RET_OK, RET_FAILED, RET_USAGE, RET_CONNECT, RET_JOB_FAILED = 0, 1, 2, 3, 4
-RET_NOT_FOUND, RET_CANCELLED, RET_NO_NODES = 5, 6, 7
-# As a shell reports a command stopped by SIGINT or SIGPIPE (128 + the signal's number).
-RET_INTERRUPTED, RET_BROKEN_PIPE = 130, 141
-# How long `run` waits for a first advert before it says that no node is advertising.
-NO_NODES_HINT_S = 5.0
 log = logging.getLogger(__name__)
 
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
-T = TypeVar("T")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -110,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         and summary["matches_reference"]
         and summary["leased_bytes_after"] == 0
     )
-    plotted = _plot(summary["series"], args.plot) if args.plot else True
+    plotted = plot(summary["series"], args.plot) if args.plot else True
     return (RET_OK if plotted else RET_FAILED) if ok else RET_JOB_FAILED
 
 
@@ -231,204 +219,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run a JOB.toml against a running fabric."""
-    from vramfabric.coordinator.jobfile import load
-
-    try:
-        spec = load(args.jobfile)
-        # Every input encoded and checked against the kernel's limits before anything is
-        # leased; the id is the one a rerun resumes.
-        job_id = spec.job.spec(CoordinatorSettings.from_env()).job_id
-    except (ValueError, TypeError, ImportError) as exc:
-        err.print(f"vramfabric run: {exc}")
-        return RET_USAGE
-    if args.plot and (problem := plot_problem(args.plot)):
-        err.print(f"vramfabric run: {problem}")
-        return RET_USAGE
-    seen = _Seen(spec.job.size or 0)
-    try:
-        with progress_bar(not args.json, seen.total) as progress:
-            result = asyncio.run(_run(spec, seen.watching(progress), args))
-        if result is None:
-            return RET_NO_NODES
-    except KeyboardInterrupt:
-        err.print(
-            f"vramfabric run: interrupted: job {job_id} has {seen.done}/{seen.total} chunks "
-            f"done ({seen.failed} failed); its chunks stay queued: run the same command again "
-            "to resume it (the job id is the hash of the job file's spec), or "
-            f"`vramfabric cancel {job_id}` to drop them"
-        )
-        return RET_INTERRUPTED
-    summary = report(result)
-    if args.json:
-        print(json.dumps(summary, default=jsonable), flush=True)
-    else:
-        print_run(summary)
-    plotted = _plot(result.series, args.plot) if args.plot else True
-    return (RET_OK if plotted else RET_FAILED) if result.ok else RET_JOB_FAILED
-
-
-@attrs.define
-class _Seen:
-    """The last progress a run reported, kept for the line an interrupted run prints."""
-
-    total: int
-    done: int = 0
-    failed: int = 0
-
-    def watching(self, bar: Progress | None) -> Progress:
-        """A progress callback that records the counts, then updates `bar` if any."""
-
-        def update(results: ResultsConsumer) -> None:
-            self.done, self.failed = results.n_done, results.n_failed
-            if bar is not None:
-                bar(results)
-
-        return update
-
-
-def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
-    """Serve the coordinator's metrics for the life of this process and say where."""
-    try:
-        port = metrics.serve(port, addr)
-    except OSError as exc:
-        raise ValueError(f"metrics port {port}: {exc}") from exc
-    err.print(f"metrics: http://{addr}:{port}/metrics")
-
-
-async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult | None:
-    settings, metrics = CoordinatorSettings.from_env(), CoordinatorMetrics()
-    if args.metrics_port is not None:
-        serve_metrics(metrics, args.metrics_port, settings.metrics_addr)
-    broker = BrokerSettings.from_env()
-    async with await Fabric.connect(broker, settings, metrics) as fabric:
-        running = asyncio.ensure_future(
-            fabric.run(
-                spec.job,
-                spec.aggregator,
-                slices=spec.slices,
-                progress=progress,
-                timeout_s=args.timeout_s,
-                retry_failed=args.retry_failed,
-            )
-        )
-        watch = asyncio.ensure_future(_watch_nodes(fabric, broker, running, args.no_wait))
-        try:
-            return await running
-        except asyncio.CancelledError:
-            if watch.done() and not watch.cancelled() and watch.result():
-                return None  # stopped by the watch: no node (--no-wait)
-            raise
-        finally:
-            watch.cancel()
-            if not running.done():
-                running.cancel()
-            await asyncio.wait({watch, running})
-
-
-async def _watch_nodes(
-    fabric: Fabric, broker: BrokerSettings, running: asyncio.Future[Any], no_wait: bool
-) -> bool:
-    """Say so when no node advertises a few seconds in, and again when one does.
-
-    With `no_wait` the run is stopped instead; True then.
-    """
-    await asyncio.sleep(NO_NODES_HINT_S)
-    if fabric.fleet.adverts:
-        return False
-    what = (
-        f"vramfabric run: no node is advertising on {broker.url} (prefix {broker.prefix}) "
-        f"after {NO_NODES_HINT_S:.0f}s; start workers with `vramfabric worker --simulate "
-        "4x48GiB` (or `vramfabric up`) on this URL and prefix"
-    )
-    if no_wait:
-        err.print(f"{what}, then run the same command again (--no-wait: not waiting)")
-        running.cancel()
-        return True
-    err.print(f"{what}; waiting for one (Ctrl-C stops, the same command resumes)")
-    while not fabric.fleet.adverts:
-        await fabric.fleet.wait_changed(timeout_s=1.0)
-    err.print(f"vramfabric run: {len(fabric.fleet.adverts)} node(s) advertising; running")
-    return False
-
-
-def plot_problem(path: str) -> str | None:
-    """Why `--plot PATH` could not be drawn after the run (checked before it), else None."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return f"--plot {path}: the lease plot needs matplotlib: pip install 'vramfabric[plot]'"
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
-        return f"--plot {path}: folder {folder} does not exist"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--plot {path}: folder {folder} is not writable"
-    return None
-
-
-def _plot(series: Any, path: str) -> bool:
-    """Draw the lease plot after the summary is out; a failure is reported, not raised."""
-    from .plot import plot_series
-
-    try:
-        err.print(f"lease plot written to {plot_series(series, path)}")
-    except (ImportError, OSError, ValueError) as exc:
-        err.print(f"vramfabric: the lease plot was not written to {path}: {exc}")
-        return False
-    return True
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
-    adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
-    status = status_dict(adverts)
-    policy = tenants.load_policy(args.tenants) if args.tenants else tenants.TenantPolicy()
-    status["tenants"] = tenant_rows(adverts, policy)
-    if args.json:
-        print(json.dumps(status))
-    else:
-        print_status(status)
-    return RET_OK
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    """List the tenant's newest jobs (or all): id, kernel, state, done/failed/total, age."""
-    limit = None if args.all else args.limit
-    page = _lifecycle(lambda c, b, t: joblist.list_jobs(c, b, t, limit))
-    now = time.time()
-    if args.json:
-        print(json.dumps([i.as_dict(now) for i in page.jobs], default=jsonable))
-    else:
-        print_jobs(list(page.jobs), now)
-    if len(page.jobs) < page.total:
-        err.print(
-            f"vramfabric: showing the {len(page.jobs)} most recently active of {page.total} "
-            "jobs; --limit N or --all for more"
-        )
-    return RET_OK
-
-
-def cmd_job(args: argparse.Namespace) -> int:
-    """Show one job: progress, failures by kind, the aggregate if stored."""
-    info = _lifecycle(lambda c, b, t: joblist.inspect(c, b, t, args.id))
-    if args.json:
-        print(json.dumps(info.as_dict(time.time()), default=jsonable))
-    else:
-        print_job(info, time.time())
-    return RET_OK
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    """Stop a job: consumer deleted, leases released by its coordinator, chunks left unrun."""
-    cancelled = _lifecycle(lambda c, b, t: lifecycle.cancel(c, b, t, args.id))
-    if args.json:
-        print(json.dumps({"job": args.id, "cancelled": cancelled}))
-    else:
-        print(f"job {args.id} " + ("cancelled" if cancelled else "had already finished"))
-    return RET_OK
-
-
 def cmd_kernel_check(args: argparse.Namespace) -> int:
     """Compile a CUDA source with NVRTC for the target architectures; errors name the line."""
     path = Path(args.file)
@@ -443,78 +233,6 @@ def cmd_kernel_check(args: argparse.Namespace) -> int:
         return RET_FAILED
     print(f"{path}: {args.entry} compiles for {','.join(archs)}")
     return RET_OK
-
-
-def cmd_rm(args: argparse.Namespace) -> int:
-    """Delete a job: results, spec, record, consumer, checkpoints and outputs."""
-    _lifecycle(lambda c, b, t: lifecycle.remove(c, b, t, args.id))
-    print(json.dumps({"job": args.id, "removed": True}) if args.json else f"job {args.id} removed")
-    return RET_OK
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    """Remove jobs finished before the retention, then uploaded work no stored job names."""
-    settings = CoordinatorSettings.from_env()
-    retention_s = settings.job_retention_s if args.retention_s is None else args.retention_s
-    done = _lifecycle(lambda c, b, t: housekeep(c, b, t, retention_s, time.time()))
-    if args.json:
-        print(json.dumps({"jobs": list(done.jobs), "blobs": list(done.blobs)}))
-    else:
-        print(f"removed {len(done.jobs)} jobs and {len(done.blobs)} uploaded blobs")
-    return RET_OK
-
-
-def _lifecycle(call: Callable[[Connection, BrokerSettings, str], Awaitable[T]]) -> T:
-    """Run one lifecycle call for the environment's tenant over a fresh connection."""
-
-    async def go() -> T:
-        broker = BrokerSettings.from_env()
-        conn = await connect(broker, name="vramfabric-cli")
-        try:
-            return await call(conn, broker, CoordinatorSettings.from_env().tenant)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
-
-
-def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list[dict[str, Any]]:
-    """Per tenant: fleet-wide usage, quota, weight, fair share and whether it waits."""
-    usage: dict[str, int] = {}
-    for a in adverts:
-        for tenant, n_bytes in a.tenants.items():
-            usage[tenant] = usage.get(tenant, 0) + n_bytes
-    waiting = {t for a in adverts for t in a.waiting}
-    active = {t for t, n in usage.items() if n > 0} | waiting
-    names = sorted(active | set(policy.tenants))
-    capacity = sum(g.total_bytes for a in adverts for g in a.gpus if g.healthy)
-    total_weight = sum(policy.weight(t) for t in active) or 1.0
-    return [
-        {
-            "tenant": t,
-            "usage_bytes": usage.get(t, 0),
-            "quota_bytes": policy.quota_bytes(t),
-            "weight": policy.weight(t),
-            "share_bytes": int(capacity * policy.weight(t) / total_weight) if t in active else 0,
-            "waiting": t in waiting,
-        }
-        for t in names
-    ]
-
-
-async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
-    conn = await connect(broker, name="status")
-    try:
-        stored = await stored_adverts(conn, broker)
-    finally:
-        await conn.close()
-    out = []
-    for node, data in sorted(stored.items()):
-        try:
-            out.append(decode(NodeAdvert, data))
-        except InvalidMessage as exc:  # counted out, as coordinators do: the rest still show
-            log.warning("bad advert ignored node=%s error=%s", node, exc)
-    return out
 
 
 def add_metrics_port(
@@ -613,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenants", help="tenants or policy file (no credentials needed): quotas and weights"
     )
     p.set_defaults(handler=cmd_status)
-    _add_job_commands(sub)
+    add_job_commands(sub)
     notebook.add_parser(sub)
     kernel = sub.add_parser("kernel", help="CUDA kernel tools").add_subparsers(required=True)
     p = kernel.add_parser("check", help="compile FILE.cu with NVRTC; errors name the line")
@@ -622,59 +340,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", help="e.g. sm_90 or sm_80,sm_90 (default VRAMFABRIC_CUDA_ARCHS)")
     p.set_defaults(handler=cmd_kernel_check)
     return parser
-
-
-def _add_job_commands(sub: Any) -> None:
-    p = sub.add_parser("jobs", help="list jobs: id, kernel, state, done/failed/total, age")
-    p.add_argument(
-        "--limit",
-        type=_positive_int,
-        default=joblist.DEFAULT_PAGE,
-        help=f"the N jobs started, finished or cancelled last (default {joblist.DEFAULT_PAGE})",
-    )
-    p.add_argument("--all", action="store_true", help="every job (reads every run record)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_jobs)
-    p = sub.add_parser("gc", help="remove old finished jobs and uploaded work no job names")
-    p.add_argument(
-        "--retention-s",
-        type=_seconds,
-        help="remove jobs finished longer ago than this (default VRAMFABRIC_JOB_RETENTION_S, "
-        "a week; 0 removes no job)",
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_gc)
-    for name, handler, what in (
-        ("job", cmd_job, "show a job's progress, failures by kind and aggregate"),
-        ("cancel", cmd_cancel, "stop a job: consumer deleted, leases released, chunks unrun"),
-        ("rm", cmd_rm, "delete a job's results, spec, consumer and checkpoints"),
-    ):
-        p = sub.add_parser(name, help=what)
-        p.add_argument("id", help="the job id (see `vramfabric jobs`)")
-        p.add_argument("--json", action="store_true")
-        p.set_defaults(handler=handler)
-
-
-def _positive_int(text: str) -> int:
-    """An integer of at least 1 (an argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A number of seconds, 0 or more (an argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if not value >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,8 +106,8 @@ def test_a_grid_past_the_search_space_exits_2_before_connecting(tmp_path: Path) 
 def test_a_closed_pipe_ends_quietly() -> None:
     # Given a command whose output is far longer than its reader wants (`jobs | head -1`)
     code = (
-        "import sys; from vramfabric import cli\n"
-        "cli.cmd_jobs = lambda a: [print('job ' * 20) for _ in range(200000)] and 0\n"
+        "import sys; from vramfabric import cli, fleet_commands\n"
+        "fleet_commands.cmd_jobs = lambda a: [print('job ' * 20) for _ in range(200000)] and 0\n"
         "sys.exit(cli.main(['jobs']))\n"
     )
     proc = subprocess.Popen(

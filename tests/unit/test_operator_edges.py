@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vramfabric import cli
+from vramfabric import cli, fleet_commands
 from vramfabric.broker.settings import BrokerSettings, check_url
 from vramfabric.coordinator.jobfile import GRID_MAX, load
 from vramfabric.report import err, print_run
@@ -116,7 +116,7 @@ def _main_with(monkeypatch: pytest.MonkeyPatch, exc: BaseException, *argv: str) 
     def handler(_args: argparse.Namespace) -> int:
         raise exc
 
-    monkeypatch.setattr(cli, "cmd_jobs", handler)
+    monkeypatch.setattr(fleet_commands, "cmd_jobs", handler)
     return cli.main([*argv, "jobs"])
 
 

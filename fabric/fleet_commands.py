@@ -1,0 +1,215 @@
+"""`status`, `jobs`, `job`, `cancel`, `rm` and `gc`: the fleet and a tenant's jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from vramfabric.broker import tenants
+from vramfabric.broker.codec import decode
+from vramfabric.broker.connection import Connection, connect
+from vramfabric.broker.errors import (
+    InvalidMessage,
+)
+from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator import joblist, lifecycle
+from vramfabric.coordinator.collect import housekeep
+from vramfabric.coordinator.fleet import stored_adverts
+from vramfabric.coordinator.settings import CoordinatorSettings
+
+from .exits import (
+    RET_OK,
+)
+from .report import (
+    err,
+    jsonable,
+    print_job,
+    print_jobs,
+    print_status,
+    status_dict,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
+    adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
+    status = status_dict(adverts)
+    policy = tenants.load_policy(args.tenants) if args.tenants else tenants.TenantPolicy()
+    status["tenants"] = tenant_rows(adverts, policy)
+    if args.json:
+        print(json.dumps(status))
+    else:
+        print_status(status)
+    return RET_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """List the tenant's newest jobs (or all): id, kernel, state, done/failed/total, age."""
+    limit = None if args.all else args.limit
+    page = _lifecycle(lambda c, b, t: joblist.list_jobs(c, b, t, limit))
+    now = time.time()
+    if args.json:
+        print(json.dumps([i.as_dict(now) for i in page.jobs], default=jsonable))
+    else:
+        print_jobs(list(page.jobs), now)
+    if len(page.jobs) < page.total:
+        err.print(
+            f"vramfabric: showing the {len(page.jobs)} most recently active of {page.total} "
+            "jobs; --limit N or --all for more"
+        )
+    return RET_OK
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """Show one job: progress, failures by kind, the aggregate if stored."""
+    info = _lifecycle(lambda c, b, t: joblist.inspect(c, b, t, args.id))
+    if args.json:
+        print(json.dumps(info.as_dict(time.time()), default=jsonable))
+    else:
+        print_job(info, time.time())
+    return RET_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Stop a job: consumer deleted, leases released by its coordinator, chunks left unrun."""
+    cancelled = _lifecycle(lambda c, b, t: lifecycle.cancel(c, b, t, args.id))
+    if args.json:
+        print(json.dumps({"job": args.id, "cancelled": cancelled}))
+    else:
+        print(f"job {args.id} " + ("cancelled" if cancelled else "had already finished"))
+    return RET_OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Delete a job: results, spec, record, consumer, checkpoints and outputs."""
+    _lifecycle(lambda c, b, t: lifecycle.remove(c, b, t, args.id))
+    print(json.dumps({"job": args.id, "removed": True}) if args.json else f"job {args.id} removed")
+    return RET_OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Remove jobs finished before the retention, then uploaded work no stored job names."""
+    settings = CoordinatorSettings.from_env()
+    retention_s = settings.job_retention_s if args.retention_s is None else args.retention_s
+    done = _lifecycle(lambda c, b, t: housekeep(c, b, t, retention_s, time.time()))
+    if args.json:
+        print(json.dumps({"jobs": list(done.jobs), "blobs": list(done.blobs)}))
+    else:
+        print(f"removed {len(done.jobs)} jobs and {len(done.blobs)} uploaded blobs")
+    return RET_OK
+
+
+def _lifecycle(call: Callable[[Connection, BrokerSettings, str], Awaitable[T]]) -> T:
+    """Run one lifecycle call for the environment's tenant over a fresh connection."""
+
+    async def go() -> T:
+        broker = BrokerSettings.from_env()
+        conn = await connect(broker, name="vramfabric-cli")
+        try:
+            return await call(conn, broker, CoordinatorSettings.from_env().tenant)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list[dict[str, Any]]:
+    """Per tenant: fleet-wide usage, quota, weight, fair share and whether it waits."""
+    usage: dict[str, int] = {}
+    for a in adverts:
+        for tenant, n_bytes in a.tenants.items():
+            usage[tenant] = usage.get(tenant, 0) + n_bytes
+    waiting = {t for a in adverts for t in a.waiting}
+    active = {t for t, n in usage.items() if n > 0} | waiting
+    names = sorted(active | set(policy.tenants))
+    capacity = sum(g.total_bytes for a in adverts for g in a.gpus if g.healthy)
+    total_weight = sum(policy.weight(t) for t in active) or 1.0
+    return [
+        {
+            "tenant": t,
+            "usage_bytes": usage.get(t, 0),
+            "quota_bytes": policy.quota_bytes(t),
+            "weight": policy.weight(t),
+            "share_bytes": int(capacity * policy.weight(t) / total_weight) if t in active else 0,
+            "waiting": t in waiting,
+        }
+        for t in names
+    ]
+
+
+async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
+    conn = await connect(broker, name="status")
+    try:
+        stored = await stored_adverts(conn, broker)
+    finally:
+        await conn.close()
+    out = []
+    for node, data in sorted(stored.items()):
+        try:
+            out.append(decode(NodeAdvert, data))
+        except InvalidMessage as exc:  # counted out, as coordinators do: the rest still show
+            log.warning("bad advert ignored node=%s error=%s", node, exc)
+    return out
+
+
+def add_job_commands(sub: Any) -> None:
+    """The `jobs`, `gc`, `job`, `cancel` and `rm` subcommands."""
+    p = sub.add_parser("jobs", help="list jobs: id, kernel, state, done/failed/total, age")
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=joblist.DEFAULT_PAGE,
+        help=f"the N jobs started, finished or cancelled last (default {joblist.DEFAULT_PAGE})",
+    )
+    p.add_argument("--all", action="store_true", help="every job (reads every run record)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_jobs)
+    p = sub.add_parser("gc", help="remove old finished jobs and uploaded work no job names")
+    p.add_argument(
+        "--retention-s",
+        type=_seconds,
+        help="remove jobs finished longer ago than this (default VRAMFABRIC_JOB_RETENTION_S, "
+        "a week; 0 removes no job)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_gc)
+    for name, handler, what in (
+        ("job", cmd_job, "show a job's progress, failures by kind and aggregate"),
+        ("cancel", cmd_cancel, "stop a job: consumer deleted, leases released, chunks unrun"),
+        ("rm", cmd_rm, "delete a job's results, spec, consumer and checkpoints"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("id", help="the job id (see `vramfabric jobs`)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(handler=handler)
+
+
+def _positive_int(text: str) -> int:
+    """An integer of at least 1 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
