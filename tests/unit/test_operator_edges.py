@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vramfabric import cli, fleet_commands
+from vramfabric import cli, exits, fleet_commands
 from vramfabric.broker.settings import BrokerSettings, check_url
 from vramfabric.coordinator.jobfile import GRID_MAX, load
 from vramfabric.report import err, print_run
@@ -123,7 +123,7 @@ def _main_with(monkeypatch: pytest.MonkeyPatch, exc: BaseException, *argv: str) 
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    assert _main_with(monkeypatch, KeyboardInterrupt()) == cli.RET_INTERRUPTED == 130
+    assert _main_with(monkeypatch, KeyboardInterrupt()) == exits.RET_INTERRUPTED == 130
     assert capfd.readouterr().err == "vramfabric jobs: interrupted\n"
 
 
@@ -133,7 +133,7 @@ def test_an_unexpected_error_is_one_line_unless_verbose(
     # Given a command that fails with a bug (not one of the fabric's errors)
     bug = TypeError("unsupported operand")
     # When it runs without -v, Then one line and exit 1; with -v the traceback is raised
-    assert _main_with(monkeypatch, bug) == cli.RET_FAILED
+    assert _main_with(monkeypatch, bug) == exits.RET_FAILED
     assert capfd.readouterr().err == (
         "vramfabric: internal error: TypeError: unsupported operand (-v shows where)\n"
     )
@@ -145,7 +145,7 @@ def test_an_os_error_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     missing = FileNotFoundError(2, "No such file or directory", "tenants.toml")
-    assert _main_with(monkeypatch, missing) == cli.RET_FAILED
+    assert _main_with(monkeypatch, missing) == exits.RET_FAILED
     assert "Traceback" not in capfd.readouterr().err
 
 

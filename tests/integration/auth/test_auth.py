@@ -30,7 +30,7 @@ from tests.authsetup import (
 )
 from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
-from vramfabric import cli
+from vramfabric import cli, exits
 from vramfabric.broker import buckets, tenants
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import connect
@@ -367,7 +367,7 @@ def test_a_cluster_with_a_tenants_file_is_refused(
     # When `vramfabric server` is asked for a cluster with it
     code = cli.main(["server", "--cluster", "3", "--tenants", str(path), "--port", "-1"])
     # Then it refuses with a usage error naming both flags, instead of running with auth off
-    assert code == cli.RET_USAGE == 2
+    assert code == exits.RET_USAGE == 2
     message = capsys.readouterr().err
     assert "--cluster" in message and "--tenants" in message
 
