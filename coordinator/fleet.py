@@ -109,7 +109,7 @@ class FleetView:
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception as exc:
+            except Exception as exc:  # logged: a closed or lost connection has nothing to undo
                 log.debug("advert unsubscribe failed error=%s", from_nats(exc))
 
 

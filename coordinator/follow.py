@@ -116,7 +116,7 @@ class Follower:
             return False
         try:
             info = await asyncio.wait_for(sub.consumer_info(), self.stall_s)
-        except Exception as exc:
+        except Exception as exc:  # any failure to ask is recorded as a lost consumer
             log.info("follower consumer lost subject=%s error=%s", self.subject, from_nats(exc))
             return True
         # Messages on the server for us, or delivered but never handled (dropped, or a handler
@@ -210,7 +210,7 @@ class Follower:
         if sub is not None:
             try:
                 await sub.unsubscribe()
-            except Exception as exc:
+            except Exception as exc:  # logged: a closed or lost connection has nothing to undo
                 log.debug("unsubscribe failed subject=%s error=%s", self.subject, from_nats(exc))
 
     async def stop(self) -> None:

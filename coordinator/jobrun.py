@@ -104,7 +104,7 @@ class JobRun:
             retried = await self.results.replayed(done)
             await reopen(self.conn, self.broker, self.spec, retried)
             return done - retried, retried
-        except BaseException:
+        except BaseException:  # re-raised after the clean-up: the caller records it
             # Nothing was leased or submitted yet: stop following, or the subscriptions
             # would outlive the failed call on the caller's connection.
             await self._stop_following()

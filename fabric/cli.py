@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("command failed", exc_info=exc)  # the traceback, with -v
         err.print(f"vramfabric: {_one_line(str(exc))}")
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
-    except Exception as exc:
+    except Exception as exc:  # recorded as exit 1 with one line (the traceback under -v)
         # A bug: one line, and the traceback only when asked for.
         if args.verbose:
             raise

@@ -69,7 +69,7 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import CoordinatorSettings
 
 def nap(seconds):
-    time.sleep(seconds)
+    time.sleep(seconds)  # stands in for a long computation on the slice
 
 broker = BrokerSettings(url=sys.argv[1], prefix=sys.argv[2], node_ttl_s=2.0)
 fabric = vramfabric.connect(broker, CoordinatorSettings(slice_bytes=2**30, lease_ttl_s=30.0))

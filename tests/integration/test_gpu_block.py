@@ -32,7 +32,7 @@ def fails(x: int) -> int:
 
 
 def slow(seconds: float) -> str:
-    time.sleep(seconds)
+    time.sleep(seconds)  # stands in for a long computation on the slice
     return "woke"
 
 

@@ -30,7 +30,7 @@ from vramfabric.worker.__main__ import main
 def report():
     libc, deadline = ctypes.CDLL(None), time.monotonic() + 20
     while libc.prctl(3, 0, 0, 0, 0) != 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # polling interval of a loop with a deadline
     print(f"dumpable={libc.prctl(3, 0, 0, 0, 0)}", flush=True)
 
 threading.Thread(target=report, daemon=True).start()

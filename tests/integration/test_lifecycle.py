@@ -57,7 +57,7 @@ from vramfabric.coordinator import Fabric, Gather, Job
 
 def nap(x):
     import time
-    time.sleep(2)
+    time.sleep(2)  # stands in for a chunk of real work
     return x
 
 async def main():

@@ -30,7 +30,7 @@ async def test_submitter_wakes_only_once_a_batch_worth_is_free() -> None:
     # When one chunk finishes, and one that was never in flight "finishes"
     window.finished(0)
     window.finished(99)
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the waiter may run, if it can
     # Then the submitter still waits: one free place is not a batch
     assert not waiter.done() and len(window) == 7
     # When a second finishes (6 in flight: a quarter free)
