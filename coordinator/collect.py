@@ -44,20 +44,23 @@ async def housekeep(
     retention_s: float,
     now: float,
     *,
-    always_blobs: bool = True,
+    blobs: bool = True,
 ) -> Collected:
-    """Remove jobs finished before the retention, then the blobs no remaining job names.
+    """Remove jobs finished before the retention, then (with `blobs`) the unnamed blobs.
 
-    Collecting blobs reads every run record: without `always_blobs` (after each run) it
-    is done only when jobs were removed, the only way a blob loses its last job here.
+    Collecting blobs reads every run record, so the pass after each run (`Fabric.run`)
+    leaves it out and sweeps only, which costs what it removes; `vramfabric gc` does both.
     """
     jobs = await sweep(conn, broker, tenant, retention_s, now) if retention_s else []
-    blobs = await collect_blobs(conn, broker, tenant, now) if jobs or always_blobs else []
-    if jobs or blobs:
+    unnamed = await collect_blobs(conn, broker, tenant, now) if blobs else []
+    if jobs or unnamed:
         log.info(
-            "housekeeping tenant=%s jobs_removed=%d blobs_removed=%d", tenant, len(jobs), len(blobs)
+            "housekeeping tenant=%s jobs_removed=%d blobs_removed=%d",
+            tenant,
+            len(jobs),
+            len(unnamed),
         )
-    return Collected(tuple(jobs), tuple(blobs))
+    return Collected(tuple(jobs), tuple(unnamed))
 
 
 async def collect_blobs(

@@ -302,7 +302,7 @@ class Fabric:
         )
 
     async def _sweep(self) -> None:
-        """Remove old finished jobs and the blobs they leave unnamed (best effort, logged)."""
+        """Remove the finished jobs past the retention (best effort, logged); gc does blobs."""
         if not self.settings.job_retention_s:
             return
         try:
@@ -312,7 +312,7 @@ class Fabric:
                 self.settings.tenant,
                 self.settings.job_retention_s,
                 time.time(),
-                always_blobs=False,
+                blobs=False,
             )
         except VramfabricError as exc:
             log.warning("old jobs not swept error=%s", exc)

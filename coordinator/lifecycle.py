@@ -31,6 +31,9 @@ from .records import RecordReader
 log = logging.getLogger(__name__)
 
 FINAL_STATES = ("done", "failed", "timeout", "cancelled")
+# Records a sweep pulls at a time: it usually stops within the first (it runs after every
+# run, and only jobs past the retention come before its cutoff).
+_SWEEP_BATCH = 100
 
 
 async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> bool:
@@ -167,7 +170,7 @@ async def sweep(
     """
     cutoff = now - retention_s
     expired = []
-    async for stored in RecordReader(conn, broker, tenant).read():
+    async for stored in RecordReader(conn, broker, tenant).pull(batch=_SWEEP_BATCH):
         if stored.written_at >= cutoff:
             break
         rec = stored.record

@@ -138,21 +138,29 @@ class RecordReader:
 
     async def read_page(self, start_seq: int) -> list[StoredRecord]:
         """The records from `start_seq` on, pulled (for a page: no consumer left pushing)."""
+        return [record async for record in self.pull(start_seq)]
+
+    async def pull(self, start_seq: int = 1, batch: int = _BATCH) -> AsyncIterator[StoredRecord]:
+        """The records from `start_seq` on, pulled `batch` at a time as the caller goes on.
+
+        For a reader that may stop early (the retention's sweep stops at its cutoff): only
+        what it reads is fetched, where `read` has the server push every record.
+        """
         sub, pending = await self._consumer(start_seq)
         if sub is None:
-            return []
-        records = []
+            return
         try:
             while pending > 0:
                 # Never ask for more than remain: fetch(n) holds what arrived until n do.
                 with nats_errors():
-                    msgs = await sub.fetch(min(pending, _BATCH), timeout=self._timeout_s)
+                    msgs = await sub.fetch(min(pending, batch), timeout=self._timeout_s)
                 pending -= len(msgs)
-                records += [r for r in map(self._parse, msgs) if r is not None]
+                for record in map(self._parse, msgs):
+                    if record is not None:
+                        yield record
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        return records
 
     @property
     def _timeout_s(self) -> float:

@@ -36,8 +36,9 @@ class CoordinatorSettings:
     # needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
 
-    # Finished jobs older than this are removed after each run, and then the uploaded
-    # work no stored job names (coordinator/collect.py); 0 keeps jobs until `rm`.
+    # Finished jobs older than this are removed after each run and by `vramfabric gc`,
+    # which also collects the uploaded work no stored job names (coordinator/collect.py);
+    # 0 keeps jobs until `rm`.
     job_retention_s: float = attrs.field(
         default=DEFAULT_JOB_RETENTION_S, validator=attrs.validators.ge(0)
     )
