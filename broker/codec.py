@@ -21,6 +21,7 @@ from .errors import ErrorKind, InvalidMessage, VramfabricError
 from .messages import PROTOCOL_VERSION, ErrorReply
 
 T = TypeVar("T")
+U = TypeVar("U")
 Conv = Callable[[Any], Any]
 
 # The server's default max_payload; nothing valid is larger, so nothing larger is unpacked.
@@ -47,7 +48,23 @@ def decode(
     cls: type[T], data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_PAYLOAD_BYTES
 ) -> T:
     """Parse `data` as a `cls`; raise InvalidMessage, or RemoteError for an ErrorReply."""
-    what = cls.__name__
+    return _decode((cls,), data, max_bytes)  # type: ignore[no-any-return]
+
+
+def decode_one_of(
+    classes: tuple[type[T], type[U]],
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = MAX_PAYLOAD_BYTES,
+) -> T | U:
+    """Parse `data` as whichever of two classes its type tag names (a chunk or a pack, say)."""
+    return _decode(classes, data, max_bytes)  # type: ignore[no-any-return]
+
+
+def _decode(
+    classes: tuple[type[Any], ...], data: bytes | bytearray | memoryview, max_bytes: int
+) -> Any:
+    what = " or ".join(cls.__name__ for cls in classes)
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidMessage(what, f"payload is {type(data).__name__}, not bytes")
     if len(data) > max_bytes:
@@ -59,18 +76,19 @@ def decode(
     if not isinstance(body, dict):
         raise InvalidMessage(what, f"expected a map, got {type(body).__name__}")
     tag = body.get("t")
-    if tag == "ErrorReply" and cls is not ErrorReply:
+    if tag == "ErrorReply" and ErrorReply not in classes:
         reply = _structure(ErrorReply, body, "ErrorReply")
         raise RemoteError(reply.kind, reply.error)
-    if tag != what:
+    cls = next((c for c in classes if c.__name__ == tag), None)
+    if cls is None:
         raise InvalidMessage(what, f"type tag is {tag!r}, expected {what!r}")
     version = body.get("v")
     if version != PROTOCOL_VERSION:
         raise InvalidMessage(
-            what,
+            cls.__name__,
             f"protocol version {version!r} is not supported (this peer speaks {PROTOCOL_VERSION})",
         )
-    return _structure(cls, body, what)
+    return _structure(cls, body, cls.__name__)
 
 
 # Values that msgpack takes as they are: checked first, since most fields are one of these.

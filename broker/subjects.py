@@ -13,6 +13,9 @@ import re
 import attrs
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# Chunks per packed message (ChunkPack, PackResult) at most: a pack's inputs and outputs fit
+# the server's 1 MiB payload, and a pack is retried whole.
+MAX_PACK_CHUNKS = 1000
 # A chunk index as `result()` writes it: ASCII digits, no sign, no leading zero, and short
 # enough to be an int64 (int() of a huge string raises, and `²` passes `str.isdigit`).
 _INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
@@ -116,24 +119,35 @@ class Subjects:
         """Wildcard over every job's chunks of one tenant."""
         return f"{self.prefix}.work.{token(tenant, 'tenant')}.>"
 
-    def result(self, tenant: str, job: str, index: int) -> str:
-        """Subject of one chunk's result (the results stream keeps one message per subject)."""
-        return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
+    def result(self, tenant: str, job: str, index: int, last: int | None = None) -> str:
+        """Subject of one chunk's result, or of a pack's (chunks `index`..`last`).
 
-    def parse_result(self, subject: str) -> tuple[str, str, int] | None:
-        """(tenant, job, chunk index) of a result subject; None if `subject` is not one.
+        The results stream keeps one message per subject: the first result of a chunk, or
+        of a pack, wins.
+        """
+        base = f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.{int(index)}"
+        return base if last is None else f"{base}.{int(last)}"
 
+    def parse_result(self, subject: str) -> tuple[str, str, int, int] | None:
+        """(tenant, job, first, last chunk) of a result subject; None if `subject` is not one.
+
+        A chunk's result has first == last; a pack's names its first and last chunk.
         Anyone who may publish a result may publish on any subject below the job's, so
-        callers drop what this rejects (a non-numeric, signed or oversized tail) rather
-        than fail on it.
+        callers drop what this rejects (a non-numeric, signed or oversized tail, a range
+        that runs backwards) rather than fail on it.
         """
         parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != self.prefix or parts[1] != "result":
+        if len(parts) not in (5, 6) or parts[0] != self.prefix or parts[1] != "result":
             return None
-        tenant, job, index = parts[2:]
-        if not (_TOKEN.fullmatch(tenant) and _TOKEN.fullmatch(job) and _INDEX.fullmatch(index)):
+        tenant, job, *indices = parts[2:]
+        if not (_TOKEN.fullmatch(tenant) and _TOKEN.fullmatch(job)):
             return None
-        return tenant, job, int(index)
+        if not all(_INDEX.fullmatch(i) for i in indices):
+            return None
+        first, last = int(indices[0]), int(indices[-1])
+        if last < first or (len(indices) == 2 and last == first):
+            return None
+        return tenant, job, first, last
 
     def job_of(self, subject: str) -> tuple[str, str] | None:
         """(tenant, job) of a work or result subject, or of any subject below one's job.
@@ -148,18 +162,30 @@ class Subjects:
             return None
         return parts[2], parts[3]
 
-    def result_index(self, subject: str, tenant: str, job: str, n_chunks: int) -> int | None:
-        """The chunk index of a result subject of this job's `n_chunks`; None for any other."""
+    def result_range(
+        self, subject: str, tenant: str, job: str, n_chunks: int
+    ) -> tuple[int, int] | None:
+        """(first, last) chunk of a result subject of this job's `n_chunks`; None for any other."""
         parsed = self.parse_result(subject)
-        if parsed is None or parsed[:2] != (tenant, job) or parsed[2] >= n_chunks:
+        if parsed is None or parsed[:2] != (tenant, job) or parsed[3] >= n_chunks:
             return None
-        return parsed[2]
+        if parsed[3] - parsed[2] >= MAX_PACK_CHUNKS:
+            return None  # no pack is that long
+        return parsed[2], parsed[3]
 
     def result_filter(self, tenant: str, job: str | None = None) -> str:
         """Wildcard over one job's results, or all of a tenant's when `job` is None."""
         if job is None:
             return f"{self.prefix}.result.{token(tenant, 'tenant')}.>"
         return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.>"
+
+    def chunk_results(self, tenant: str, job: str) -> str:
+        """Wildcard over one job's results of single chunks (not of packs)."""
+        return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.*"
+
+    def pack_results(self, tenant: str, job: str) -> str:
+        """Wildcard over one job's results of packs (`<first>.<last>`)."""
+        return f"{self.prefix}.result.{token(tenant, 'tenant')}.{token(job, 'job')}.*.*"
 
     def event(self, kind: str) -> str:
         """Subject of lease and job events (`granted`, `released`, `expired`, ...)."""
@@ -345,17 +371,24 @@ class Subjects:
         return f"$KV.{token(bucket, 'bucket')}.{key}"
 
     @staticmethod
-    def chunk_msg_id(job: str, index: int) -> str:
-        """Value of `Nats-Msg-Id` for one chunk: the idempotency key of its submission."""
-        return f"{job}:{int(index)}"
+    def chunk_msg_id(job: str, index: int, last: int | None = None) -> str:
+        """Value of `Nats-Msg-Id` for one chunk (or a pack to `last`): its submission's key."""
+        return f"{job}:{int(index)}" if last is None else f"{job}:{int(index)}-{int(last)}"
 
     @staticmethod
-    def chunk_index_of(msg_id: str) -> int | None:
-        """The chunk index in a chunk's `Nats-Msg-Id` (`<job>:<chunk>[:<run>]`), if it parses."""
+    def chunk_range_of(msg_id: str) -> tuple[int, int] | None:
+        """(first, last) chunk of a work message's `Nats-Msg-Id`, if it parses.
+
+        `<job>:<chunk>[:<run>]` names one chunk, `<job>:<first>-<last>[:<run>]` a pack.
+        """
         parts = msg_id.split(":")
-        if len(parts) not in (2, 3) or not parts[1].isdigit():
+        if len(parts) not in (2, 3):
             return None
-        return int(parts[1])
+        first, dash, last = parts[1].partition("-")
+        last = last if dash else first
+        if not (first.isdigit() and last.isdigit()) or int(last) < int(first):
+            return None
+        return int(first), int(last)
 
     @staticmethod
     def delivery_of(reply: str) -> tuple[int, int] | None:
@@ -375,19 +408,19 @@ class Subjects:
         return int(parts[at]), int(parts[at + 1])
 
     @staticmethod
-    def chunk_retry_msg_id(job: str, index: int, run: str) -> str:
-        """`Nats-Msg-Id` of a chunk submitted again by a `retry_failed` run.
+    def chunk_retry_msg_id(job: str, index: int, run: str, last: int | None = None) -> str:
+        """`Nats-Msg-Id` of a chunk (or pack) submitted again by a `retry_failed` run.
 
         A fresh id, so the stream's dedup window does not swallow it.
         """
-        return f"{job}:{int(index)}:{token(run, 'run')}"
+        return f"{Subjects.chunk_msg_id(job, index, last)}:{token(run, 'run')}"
 
     @staticmethod
-    def result_msg_id(job: str, index: int, work_seq: int) -> str:
-        """Value of `Nats-Msg-Id` for one chunk's result, so a retried publish is idempotent.
+    def result_msg_id(job: str, index: int, work_seq: int, last: int | None = None) -> str:
+        """Value of `Nats-Msg-Id` for a chunk's (or pack's) result: a retried publish is idempotent.
 
         `work_seq` is the work message's stream sequence: a chunk submitted again (a
         `retry_failed` rerun) is a new message, and its result must not be taken for a
         duplicate of the first one's inside the dedup window.
         """
-        return f"r:{job}:{int(index)}:{int(work_seq)}"
+        return f"r:{Subjects.chunk_msg_id(job, index, last)}:{int(work_seq)}"

@@ -2,8 +2,8 @@
 
 JetStream leaves such a chunk in the work-queue stream and sends a max-deliveries advisory
 (captured in the tenant's dead-letter stream). For each advisory of the job's consumer this
-reads the chunk, records a failed result (first result wins, so a late real result that
-already landed is kept), and deletes the chunk from the work stream.
+reads the chunk (or pack), records a failed result for it (first result wins, so a late real
+result that already landed is kept), and deletes the chunk from the work stream.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import attrs
 from nats.aio.msg import Msg
 
-from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.codec import decode_one_of, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
     ErrorKind,
@@ -24,11 +24,12 @@ from vramfabric.broker.errors import (
     TransientError,
     VramfabricError,
 )
-from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.messages import Chunk, ChunkPack, ChunkResult, JobSpec, PackResult
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import HEADER_MSG_ID, Subjects
+from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS, Subjects
 
 from .follow import Follower
+from .jobs import Span
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ class ExhaustedWatcher:
         except TransientError as exc:
             log.warning("exhausted chunk unreadable seq=%d error=%s", seq, exc)
             return
-        index = _index(raw.data or b"", raw.headers)
-        if index is not None and not await self._record(index, deliveries):
+        span = _span(raw.data or b"", raw.headers)
+        if span is not None and not await self._record(span, deliveries):
             return  # kept in the work stream: a rerun finds the chunk without a result
         try:
             await policy.call(
@@ -85,29 +86,39 @@ class ExhaustedWatcher:
         except VramfabricError as exc:
             log.warning("exhausted chunk not deleted seq=%d error=%s", seq, exc)
 
-    async def _record(self, index: int, deliveries: int) -> bool:
-        """Store the chunk's `exhausted` result; whether the chunk now has a result."""
-        result = ChunkResult(
-            job=self.spec.job_id,
-            index=index,
-            ok=False,
-            error_kind=ErrorKind.EXHAUSTED,
-            error=f"no result after {deliveries} deliveries (max_deliver reached)",
-            attempt=deliveries,
+    async def _record(self, span: Span, deliveries: int) -> bool:
+        """Store the `exhausted` result of a chunk or pack; whether it now has a result."""
+        first, last = span
+        results = tuple(
+            ChunkResult(
+                job=self.spec.job_id,
+                index=index,
+                ok=False,
+                error_kind=ErrorKind.EXHAUSTED,
+                error=f"no result after {deliveries} deliveries (max_deliver reached)",
+                attempt=deliveries,
+            )
+            for index in range(first, last + 1)
         )
-        subject = self.broker.subjects.result(self.spec.tenant, self.spec.job_id, index)
+        s, job = self.broker.subjects, self.spec.job_id
+        if first == last:
+            subject, data = s.result(self.spec.tenant, job, first), encode(results[0])
+        else:
+            subject = s.result(self.spec.tenant, job, first, last)
+            pack = PackResult(job=job, first=first, outputs=(None,) * len(results), others=results)
+            data = encode(pack)
         try:
             await self.broker.call_retry.call(
-                lambda: self.conn.js.publish(subject, encode(result)),
-                what=f"record exhausted chunk index={index}",
+                lambda: self.conn.js.publish(subject, data),
+                what=f"record exhausted chunks {first}-{last}",
             )
         except ResultAlreadyRecorded:
             return True
         except VramfabricError as exc:
-            log.warning("exhausted result not recorded index=%d error=%s", index, exc)
+            log.warning("exhausted result not recorded index=%d error=%s", first, exc)
             return False
         log.warning(
-            "chunk exhausted job=%s index=%d deliveries=%d", self.spec.job_id, index, deliveries
+            "chunks exhausted job=%s first=%d last=%d deliveries=%d", job, first, last, deliveries
         )
         return True
 
@@ -117,9 +128,11 @@ class ExhaustedWatcher:
             await self._follower.stop()
 
 
-def _index(data: bytes, headers: dict[str, str] | None) -> int | None:
-    """The chunk index of a work message: from its payload, else from its Msg-Id."""
+def _span(data: bytes, headers: dict[str, str] | None) -> Span | None:
+    """(first, last) chunk of a work message: from its payload, else from its Msg-Id."""
     try:
-        return decode(Chunk, data).index
+        work = decode_one_of((Chunk, ChunkPack), data)
     except InvalidMessage:
-        return Subjects.chunk_index_of((headers or {}).get(HEADER_MSG_ID, ""))
+        span = Subjects.chunk_range_of((headers or {}).get(HEADER_MSG_ID, ""))
+        return span if span is not None and span[1] - span[0] < MAX_PACK_CHUNKS else None
+    return (work.index, work.index) if isinstance(work, Chunk) else (work.first, work.last)

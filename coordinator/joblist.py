@@ -17,9 +17,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, JobNotFound, nats_errors
-from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec
+from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec, PackResult
 from vramfabric.broker.settings import BrokerSettings
 
+from .jobs import Span, result_spans
 from .record import read_key, read_record
 from .records import RecordReader, StoredRecord
 
@@ -120,7 +121,11 @@ def _value(rec: JobRecord) -> Any:
 
 
 async def count_results(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> int:
-    """How many chunks of a job have a result: one consumer's pending count, nothing read."""
+    """How many chunks of a job have a result, nothing read.
+
+    Results of single chunks are one consumer's pending count; those of packs are summed
+    from their subjects (`<first>.<last>`), a few hundred for 100,000 packed chunks.
+    """
     s = broker.subjects
     config = ConsumerConfig(
         ack_policy=AckPolicy.NONE,
@@ -130,12 +135,14 @@ async def count_results(conn: Connection, broker: BrokerSettings, tenant: str, j
     )
     with nats_errors():
         sub = await conn.js.pull_subscribe(
-            s.result_filter(tenant, job), stream=s.results_stream(tenant), config=config
+            s.chunk_results(tenant, job), stream=s.results_stream(tenant), config=config
         )
         try:
-            return (await sub.consumer_info()).num_pending or 0
+            singles = (await sub.consumer_info()).num_pending or 0
         finally:
             await sub.unsubscribe()
+    packs = await result_spans(conn, broker, tenant, job, packs_only=True)
+    return singles + sum(last - first + 1 for first, last in packs)
 
 
 async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> JobInfo:
@@ -205,17 +212,27 @@ async def _scan(
                 msgs = await sub.fetch(batch, timeout=broker.request_timeout_s)
                 remaining -= len(msgs)
                 for msg in msgs:
-                    if s.result_index(msg.subject, spec.tenant, spec.job_id, spec.n_chunks) is None:
+                    span = s.result_range(msg.subject, spec.tenant, spec.job_id, spec.n_chunks)
+                    if span is None:
                         continue  # stray: no chunk's result (the results consumer drops it too)
                     try:
-                        result = decode(ChunkResult, msg.data)
+                        results = _outcomes(msg.data, span)
                     except InvalidMessage:
-                        failures["invalid_message"] += 1
+                        failures["invalid_message"] += span[1] - span[0] + 1
                         continue
-                    if result.ok:
-                        n_ok += 1
-                    else:
-                        failures[result.error_kind.value if result.error_kind else "error"] += 1
+                    for result in results:
+                        if result is None or result.ok:
+                            n_ok += 1
+                        else:
+                            failures[result.error_kind.value if result.error_kind else "error"] += 1
         finally:
             await sub.unsubscribe()
     return n_ok, failures
+
+
+def _outcomes(data: bytes, span: Span) -> list[ChunkResult | None]:
+    """A stored result's chunks: None for an ok one of a pack, else its ChunkResult."""
+    if span[0] == span[1]:
+        return [decode(ChunkResult, data)]
+    pack = decode(PackResult, data)
+    return [None for out in pack.outputs if out is not None] + list(pack.others)

@@ -29,6 +29,7 @@ from .fleet import FleetView
 from .jobs import Job, finished_chunks, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
+from .packing import Packer
 from .record import RunRecord
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
@@ -102,7 +103,10 @@ class JobRun:
             if not self.retry_failed:
                 return done, set()
             retried = await self.results.replayed(done)
-            await reopen(self.conn, self.broker, self.spec, retried)
+            packs = self.results.set_aside_packs
+            await reopen(self.conn, self.broker, self.spec, retried, packs)
+            # A failed chunk's pack is reopened whole: its other chunks run again too.
+            retried |= {i for first, last in packs for i in range(first, last + 1)}
             return done - retried, retried
         except BaseException:  # re-raised after the clean-up: the caller records it
             # Nothing was leased or submitted yet: stop following, or the subscriptions
@@ -143,6 +147,8 @@ class JobRun:
             retried,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
+            Packer(self.settings.chunks_per_message, self.results.speed),
+            lambda: len(self.pool),
             rerun=uuid.uuid4().hex[:8] if retried else "",
         )
         submit = asyncio.ensure_future(self._submit(submission))

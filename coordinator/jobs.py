@@ -30,7 +30,7 @@ from vramfabric.broker.errors import (
     from_nats,
     nats_errors,
 )
-from vramfabric.broker.messages import Chunk, JobSpec
+from vramfabric.broker.messages import Chunk, ChunkPack, JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID
@@ -187,19 +187,25 @@ def check_args(args: Mapping[str, Any]) -> None:
             )
 
 
+# A run of chunks published as one message: (first, last); first == last is one chunk.
+Span = tuple[int, int]
+
+
 async def submit_chunks(
     conn: Connection,
     broker: BrokerSettings,
     spec: JobSpec,
     inputs: Sequence[bytes] | Mapping[int, bytes],
-    indices: Sequence[int],
+    indices: Sequence[int] | Sequence[Span],
     rerun: str = "",
     acks: AckedPublisher | None = None,
 ) -> int:
     """Publish the given chunks with idempotent ids; return how many were already queued.
 
-    `rerun` (a token unique to this run) gives the chunks fresh ids: chunks submitted again
-    after their failure must not be taken for duplicates of the first submission.
+    `indices` are chunk indices, or spans `(first, last)` of chunks to publish as one
+    message each (a `ChunkPack` when it holds more than one). `rerun` (a token unique to
+    this run) gives them fresh ids: chunks submitted again after their failure must not be
+    taken for duplicates of the first submission.
 
     Publishes are asynchronous, in windows of `_WINDOW` awaiting their PubAcks. Chunks whose
     ack does not come (a stream leader lost, say) are published again with the same
@@ -210,7 +216,8 @@ async def submit_chunks(
         Disconnected: some chunks were still not acked at the retry deadline.
         PermanentError: the stream refused a chunk for good (a permission error, say).
     """
-    pending, duplicates = list(indices), 0
+    pending: list[Span] = [i if isinstance(i, tuple) else (i, i) for i in indices]
+    duplicates = 0
     own = acks is None
     publisher = acks or await AckedPublisher(conn.nc, PUBLISH_ACK_WAIT_S).start()
 
@@ -243,21 +250,28 @@ async def _publish_round(
     broker: BrokerSettings,
     spec: JobSpec,
     inputs: Sequence[bytes] | Mapping[int, bytes],
-    indices: Sequence[int],
+    spans: Sequence[Span],
     rerun: str,
 ) -> list[Any]:
     s = broker.subjects  # built once: a property that validates the prefix on every call
     subject = s.work(spec.tenant, spec.job_id)
+    job = spec.job_id
     outcomes: list[Any] = []
     # Windows of publishes in flight: a stalled stream costs at most one window's timeout.
-    for start in range(0, len(indices), _WINDOW):
+    for start in range(0, len(spans), _WINDOW):
         futures: list[asyncio.Future[Any]] = []
-        for i in indices[start : start + _WINDOW]:
-            data = encode(Chunk(job=spec.job_id, index=i, input=bytes(inputs[i])))
+        for first, last in spans[start : start + _WINDOW]:
+            if first == last:
+                data = encode(Chunk(job=job, index=first, input=bytes(inputs[first])))
+                end = None
+            else:
+                packed = tuple(bytes(inputs[i]) for i in range(first, last + 1))
+                data = encode(ChunkPack(job=job, first=first, inputs=packed))
+                end = last
             msg_id = (
-                s.chunk_retry_msg_id(spec.job_id, i, rerun)
+                s.chunk_retry_msg_id(job, first, rerun, end)
                 if rerun
-                else s.chunk_msg_id(spec.job_id, i)
+                else s.chunk_msg_id(job, first, end)
             )
             headers = {HEADER_MSG_ID: msg_id}
             try:
@@ -278,27 +292,39 @@ def _failed(exc: BaseException) -> asyncio.Future[Any]:
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:
     """Indices of the job's chunks that already have a result in the results stream."""
+    spans = await result_spans(conn, broker, spec.tenant, spec.job_id, spec.n_chunks)
+    return {i for first, last in spans for i in range(first, last + 1)}
+
+
+async def result_spans(
+    conn: Connection,
+    broker: BrokerSettings,
+    tenant: str,
+    job: str,
+    n_chunks: int = UNKNOWN_CHUNKS,
+    packs_only: bool = False,
+) -> list[Span]:
+    """The (first, last) chunks of each of a job's stored results (of its packs' only)."""
     s = broker.subjects
-    stream = s.results_stream(spec.tenant)
-    done: set[int] = set()
+    stream = s.results_stream(tenant)
+    wanted = s.pack_results(tenant, job) if packs_only else s.result_filter(tenant, job)
+    spans: list[Span] = []
     offset = 0
     while True:
         # Raw STREAM.INFO with paging: the server sends subject details in pages.
-        body = json.dumps(
-            {"subjects_filter": s.result_filter(spec.tenant, spec.job_id), "offset": offset}
-        ).encode()
+        body = json.dumps({"subjects_filter": wanted, "offset": offset}).encode()
         info = await broker.call_retry.call(
             functools.partial(_stream_info, conn, broker, stream, body), what=f"info {stream}"
         )
         subjects = info.get("state", {}).get("subjects") or {}
         for subject in subjects:
             # A stray subject (`<job>.x`, an index past the end) is no chunk's: skipped.
-            index = s.result_index(subject, spec.tenant, spec.job_id, spec.n_chunks)
-            if index is not None:
-                done.add(index)
+            span = s.result_range(subject, tenant, job, n_chunks)
+            if span is not None:
+                spans.append(span)
         offset += len(subjects)
         if not subjects or offset >= int(info.get("total", 0)):
-            return done
+            return spans
 
 
 async def _stream_info(

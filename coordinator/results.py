@@ -1,7 +1,9 @@
 """ResultsConsumer: streams a job's results in, folds each chunk's first result exactly once.
 
 An ordered consumer replays the results stream from the start, so a resumed job folds the
-results of earlier runs too. Memory is one byte per chunk plus the aggregator's own state.
+results of earlier runs too. A pack's result holds each of its chunks' outcomes; a chunk
+that two results name (two packings of it in two runs) is folded once, from the first in
+the stream, on every replay. Memory is one byte per chunk plus the aggregator's own state.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
-from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.messages import ChunkResult, JobSpec, PackResult
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator
 from .follow import Follower
+from .jobs import Span
 from .metrics import CoordinatorMetrics
+from .packing import ChunkSpeed
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,10 @@ class ResultsConsumer:
     # not folded, so one pass over the stream both resumes the job and finds its failures.
     set_aside_failed: bool = attrs.field(default=False, kw_only=True)
     set_aside: set[int] = attrs.field(factory=set, init=False)
+    # The packs that hold a failure set aside: `retry_failed` reopens them whole.
+    set_aside_packs: set[Span] = attrs.field(factory=set, init=False)
+    # How long the job's chunks run, from their results (packing.py reads it).
+    speed: ChunkSpeed = attrs.field(factory=ChunkSpeed, init=False)
     n_ok: int = attrs.field(default=0, init=False)
     n_failed: int = attrs.field(default=0, init=False)
     duplicates: int = attrs.field(default=0, init=False)
@@ -119,15 +127,18 @@ class ResultsConsumer:
 
     async def _on_msg(self, msg: Msg) -> None:
         spec = self.spec
-        # None also for an index past the job's end (a job id reused with fewer inputs).
-        index = self.broker.subjects.result_index(
+        # None also for chunks past the job's end (a job id reused with fewer inputs).
+        span = self.broker.subjects.result_range(
             msg.subject, spec.tenant, spec.job_id, spec.n_chunks
         )
         try:
-            if index is None:
+            if span is None:
                 raise InvalidMessage("result subject", f"{msg.subject!r} names no chunk of the job")
+            if msg.subject.count(".") == 5:  # `<first>.<last>`: a pack's
+                await self._on_pack(decode(PackResult, msg.data), span)
+                return
             result = decode(ChunkResult, msg.data)
-            if result.job != spec.job_id or result.index != index:
+            if result.job != spec.job_id or result.index != span[0]:
                 raise InvalidMessage(
                     "ChunkResult", f"chunk {result.job}:{result.index} on subject {msg.subject}"
                 )
@@ -135,20 +146,41 @@ class ResultsConsumer:
             self.invalid += 1
             self.metrics.invalid("result")
             log.warning("bad result subject=%s error=%s", msg.subject, exc)
-            if index is None:
+            if span is None:
                 return  # dropped: it holds no chunk's place, so the job runs on
-            # The stream keeps only the first result of a chunk, so a bad one blocks the real
-            # one: record the chunk as failed with the reason, rather than wait forever.
-            result = ChunkResult(
-                job=self.spec.job_id,
-                index=index,
-                ok=False,
-                error_kind=ErrorKind.INVALID_MESSAGE,
-                error=str(exc),
-            )
+            # The stream keeps only the first result of a subject, so a bad one blocks the
+            # real one: record its chunks as failed with the reason, rather than wait forever.
+            for index in range(span[0], span[1] + 1):
+                self.add(
+                    ChunkResult(
+                        job=self.spec.job_id,
+                        index=index,
+                        ok=False,
+                        error_kind=ErrorKind.INVALID_MESSAGE,
+                        error=str(exc),
+                    ),
+                    span if span[1] > span[0] else None,
+                )
+            return
+        self.speed.observe(result.elapsed_s)
         if result.ok and result.output_ref is not None:
             result = await self._fetch_output(result)
         self.add(result)
+
+    async def _on_pack(self, pack: PackResult, span: Span) -> None:
+        """Fold each chunk of a pack's result (InvalidMessage if it is not the subject's)."""
+        if pack.job != self.spec.job_id or (pack.first, pack.last) != span:
+            raise InvalidMessage(
+                "PackResult", f"chunks {pack.job}:{pack.first}-{pack.last} on another subject"
+            )
+        self.speed.observe(pack.elapsed_s, len(pack.outputs))
+        for offset, output in enumerate(pack.outputs):
+            if output is not None:
+                self._fold(pack.first + offset, output, pack.attempt, None)
+        for result in pack.others:
+            if result.ok and result.output_ref is not None:
+                result = await self._fetch_output(result)
+            self.add(result, span)
 
     async def _fetch_output(self, result: ChunkResult) -> ChunkResult:
         """The result with its output read from the outputs store (or failed, naming why)."""
@@ -169,39 +201,69 @@ class ResultsConsumer:
             )
         return attrs.evolve(result, output=bytes(got.data or b""))
 
-    def add(self, result: ChunkResult) -> None:
-        """Fold one result in, unless this chunk already has one."""
-        if result.index >= len(self._seen):
-            # A streamed job's table grows with the chunks (bytearray growth is amortised).
-            self._seen.extend(bytes(result.index + 1 - len(self._seen)))
-        if self._seen[result.index]:
-            # The stream keeps one result per chunk; a replay after a consumer reset can repeat it.
-            self.duplicates += 1
-            self.metrics.chunks_duplicate_total.labels(tenant=self.spec.tenant).inc()
+    def add(self, result: ChunkResult, pack: Span | None = None) -> None:
+        """Fold one result in (from the pack `pack`, if any), unless its chunk has one."""
+        self._fold(result.index, result.output if result.ok else None, result.attempt, result, pack)
+
+    def _fold(
+        self,
+        index: int,
+        output: bytes | None,
+        attempt: int,
+        result: ChunkResult | None,
+        pack: Span | None = None,
+    ) -> None:
+        """Fold chunk `index`'s output, or its failure (`result`), unless it has one."""
+        if not self._first_of(index):
             return
-        if self._reach(result.index, result.ok):
+        if self._reach(index, output is not None):
+            if pack is not None:
+                self.set_aside_packs.add(pack)
             return
-        self._seen[result.index] = 1
+        self._seen[index] = 1
         if self.on_result is not None:
-            self.on_result(result.index)
-        if result.ok and result.output is not None:
-            t0 = time.perf_counter()
-            try:
-                self.aggregator.add(result.index, result.output)
-            except Exception as exc:  # the aggregator's (or the user's) bug: `wait` raises it
-                self._fail(exc)
+            self.on_result(index)
+        if output is not None:
+            if not self._aggregate(index, output):
                 return
-            self.aggregate_s += time.perf_counter() - t0
-            self.n_ok += 1
-        else:
+        elif result is not None:  # every failure comes with its result
             self._count_failure(result)
+        self._counted(attempt)
+
+    def _counted(self, attempt: int) -> None:
+        """A chunk's outcome was folded after `attempt` deliveries: count it, show it."""
         self._done_total.inc()
-        if result.attempt > 1:
-            self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(result.attempt - 1)
+        if attempt > 1:
+            self.metrics.chunks_retry_total.labels(tenant=self.spec.tenant).inc(attempt - 1)
         if self.on_progress is not None:
             self.on_progress(self)
         if self.n_done == self.total:
             self._done.set()
+
+    def _first_of(self, index: int) -> bool:
+        """Whether chunk `index` has no result folded yet (a repeat is counted)."""
+        if index >= len(self._seen):
+            # A streamed job's table grows with the chunks (bytearray growth is amortised).
+            self._seen.extend(bytes(index + 1 - len(self._seen)))
+        if not self._seen[index]:
+            return True
+        # The stream keeps one result per subject; a replay after a consumer reset can repeat
+        # it, and two runs may have packed a chunk differently.
+        self.duplicates += 1
+        self.metrics.chunks_duplicate_total.labels(tenant=self.spec.tenant).inc()
+        return False
+
+    def _aggregate(self, index: int, output: bytes) -> bool:
+        """Fold an output into the aggregate; False if the aggregator raised (the run stops)."""
+        t0 = time.perf_counter()
+        try:
+            self.aggregator.add(index, output)
+        except Exception as exc:  # the aggregator's (or the user's) bug: `wait` raises it
+            self._fail(exc)
+            return False
+        self.aggregate_s += time.perf_counter() - t0
+        self.n_ok += 1
+        return True
 
     def _count_failure(self, result: ChunkResult) -> None:
         if self.on_failed is not None:

@@ -9,7 +9,7 @@ import attrs
 
 from vramfabric.broker.messages import MAX_LEASE_COUNT
 from vramfabric.broker.settings import env_float, env_int, env_size
-from vramfabric.broker.subjects import token
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS, token
 
 PLACEMENTS = ("pack", "spread")
 # Finished jobs are kept a week by default: long enough to look at, rerun or resume one.
@@ -49,6 +49,11 @@ class CoordinatorSettings:
     # A results follower that gets nothing this long while the stream holds results for it
     # resubscribes; after three such tries in a row the run fails with FollowerStalled.
     follow_stall_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    # Chunks per work message: 0 packs tiny chunks once results show they are tiny (auto),
+    # 1 sends one chunk per message, N up to N from the start (coordinator/packing.py).
+    chunks_per_message: int = attrs.field(
+        default=0, validator=[attrs.validators.ge(0), attrs.validators.le(MAX_PACK_CHUNKS)]
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
@@ -67,4 +72,5 @@ class CoordinatorSettings:
             submit_window=env_int(environ, "VRAMFABRIC_SUBMIT_WINDOW", 10_000),
             submit_window_bytes=env_size(environ, "VRAMFABRIC_SUBMIT_WINDOW_BYTES", 256 * 2**20),
             follow_stall_s=env_float(environ, "VRAMFABRIC_FOLLOW_STALL_S", 10.0),
+            chunks_per_message=env_int(environ, "VRAMFABRIC_CHUNKS_PER_MESSAGE", 0),
         )

@@ -4,7 +4,8 @@ The coordinator reads a job's inputs one at a time, skips chunks that already ha
 and publishes the others in batches, never holding more than `submit_window` chunks (or
 `submit_window_bytes` of input) submitted but without a result. Each folded result frees its
 chunk's place, so results are folded long before the last input is read, and neither the
-coordinator's memory nor the work stream grows with the number of chunks.
+coordinator's memory nor the work stream grows with the number of chunks. A batch goes out
+as single chunks or packs of tiny ones (packing.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from .jobs import PUBLISH_ACK_WAIT_S, InputsDigest, Job, submit_chunks
+from .packing import Packer
 from .results import ResultsConsumer
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class Window:
     _inflight: dict[int, int] = attrs.field(factory=dict, init=False)  # index -> input bytes
     _bytes: int = attrs.field(default=0, init=False)
     _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _freed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # any place freed
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -60,6 +63,7 @@ class Window:
         if size is None:
             return
         self._bytes -= size
+        self._freed.set()
         # Wake the submitter only once a batch's worth is free, so it publishes batches
         # rather than one chunk per freed place.
         refill = max(1, min(_BATCH, self.max_chunks // 4))
@@ -67,6 +71,12 @@ class Window:
             self._bytes <= self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
         ):
             self._room.set()
+
+    async def wait_below(self, n_chunks: int) -> None:
+        """Wait until fewer than `n_chunks` chunks are in flight."""
+        while len(self._inflight) >= n_chunks:
+            self._freed.clear()
+            await self._freed.wait()
 
     async def wait_room(self, size: int) -> None:
         """Wait until a chunk of `size` bytes fits."""
@@ -91,6 +101,9 @@ class Submission:
     limit: int
     # Awaited once, before the first chunk is published (leasing, the job's consumer).
     before_first: Callable[[], Awaitable[None]]
+    packer: Packer
+    # How many leases the job holds now (the packer's probe sends two chunks per lease).
+    leases: Callable[[], int]
     rerun: str = ""
     n_submitted: int = attrs.field(default=0, init=False)
     digest: InputsDigest = attrs.field(factory=InputsDigest, init=False)
@@ -110,7 +123,10 @@ class Submission:
         try:
             for index, value in enumerate(self.job.inputs):
                 n_read = index + 1
-                skip = index in self.done or self.results.seen(index)
+                # A chunk reopened with its pack is submitted again even if its result is in.
+                skip = index not in self.retried and (
+                    index in self.done or self.results.seen(index)
+                )
                 # A streamed job's digest covers every input; a sized one's is already known.
                 data = self.job.encode(index, value, self.limit) if streamed or not skip else b""
                 if streamed:
@@ -126,9 +142,19 @@ class Submission:
         return n_read
 
     async def _add(self, index: int, data: bytes) -> None:
+        if self.results.seen(index):
+            # Reopened with its pack, its result already folded: no result of it will free
+            # a place in the window, so it takes none.
+            self._batch[index] = data
+            return
         if not self.window.fits(len(data)):
             await self._flush()  # its chunks count against the window: publish them first
             await self.window.wait_room(len(data))
+        cap = self.packer.throttle(self.leases())
+        if cap is not None and len(self.window) >= cap:
+            # Chunk speed unknown: a few go out alone until results say whether to pack.
+            await self._flush()
+            await self.window.wait_below(cap)
         self.window.add(index, len(data))
         self._batch[index] = data
         self._batch_bytes += len(data)
@@ -143,11 +169,16 @@ class Submission:
             await self.before_first()
             self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
-        again = [i for i in batch if i in self.retried]
-        plain = [i for i in batch if i not in self.retried] if again else list(batch)
-        for indices, rerun in ((plain, ""), (again, self.rerun)):
-            if indices:
+        await self._publish(batch, list(batch))
+
+    async def _publish(self, batch: dict[int, bytes], indices: list[int]) -> None:
+        """Publish these chunks of the batch, packed as the packer says."""
+        again = [i for i in indices if i in self.retried]
+        plain = [i for i in indices if i not in self.retried] if again else indices
+        for chunks, rerun in ((plain, ""), (again, self.rerun)):
+            if chunks:
+                spans = self.packer.spans(chunks, batch)
                 await submit_chunks(
-                    self.conn, self.broker, self.spec, batch, indices, rerun, self._acks
+                    self.conn, self.broker, self.spec, batch, spans, rerun, self._acks
                 )
-        self.n_submitted += len(batch)
+        self.n_submitted += len(indices)

@@ -8,8 +8,10 @@ not unpickle anything such code could have written. Every frame is a map with an
 | `ready` | executor | `python` |
 | `load` | agent | `digest`, `kind` (`python` or `cuda`), `blob` |
 | `run` | agent | `task`, `kind`, `name`, `digest`, `args`, `input`, `slice_bytes`, |
-| | | `lease`, `attempt`, `job`, `index`, `resumed` |
-| `done` | executor | `task`, `ok`, `output` or `kind` + `error` |
+| | | `lease`, `attempt`, `job`, `index`, `resumed`; a pack has `inputs` (chunks |
+| | | `index`, `index + 1`, ...) instead of `input` |
+| `done` | executor | `task`, `ok`, `output` or `kind` + `error`; a pack's `output` is its |
+| | | outcomes (`pack_outcomes`) |
 | `checkpoint` | executor | `task`, `state` |
 | `checkpointed` | agent | `task`, `error` (None when stored) |
 """
@@ -51,3 +53,20 @@ def unpack(body: bytes) -> dict[str, Any]:
 
 
 HEADER_BYTES = _LENGTH.size
+
+
+# One chunk's outcome inside a pack: (True, output) or (False, error kind, message).
+Outcome = tuple[bool, bytes] | tuple[bool, str, str]
+
+
+def pack_outcomes(outcomes: list[Outcome]) -> bytes:
+    """A pack's outcomes, in chunk order, as the `output` of its `done` frame."""
+    return msgpack.packb(outcomes, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_outcomes(output: bytes, n_chunks: int) -> list[Outcome]:
+    """The outcomes `pack_outcomes` wrote; ValueError unless there is one per chunk."""
+    outcomes = msgpack.unpackb(output, raw=False, use_list=False)
+    if not isinstance(outcomes, tuple) or len(outcomes) != n_chunks:
+        raise ValueError(f"a pack of {n_chunks} chunks came back with another count")
+    return list(outcomes)

@@ -168,19 +168,33 @@ def test_lease_ops_are_acquire_renew_release() -> None:
 @pytest.mark.parametrize(
     ("msg_id", "index"),
     [
-        ("job1:7", 7),
-        ("job1:7:ab12cd34", 7),
-        ("job1:7:123", 7),
+        ("job1:7", (7, 7)),
+        ("job1:7:ab12cd34", (7, 7)),
+        ("job1:7:123", (7, 7)),
+        ("job1:7-9", (7, 9)),
+        ("job1:7-9:ab12cd34", (7, 9)),
+        ("job1:9-7", None),  # backwards
+        ("job1:7-", None),
+        ("job1:-7", None),
         ("job1", None),
         ("job1:x", None),
         ("a:1:2:3", None),
         ("", None),
     ],
 )
-def test_chunk_index_of_reads_the_chunk_field_of_first_and_rerun_ids(
-    msg_id: str, index: int | None
+def test_chunk_range_of_reads_the_chunks_of_chunk_pack_and_rerun_ids(
+    msg_id: str, index: tuple[int, int] | None
 ) -> None:
-    assert Subjects.chunk_index_of(msg_id) == index
+    assert Subjects.chunk_range_of(msg_id) == index
+
+
+def test_pack_ids_and_subjects_name_first_and_last_chunk() -> None:
+    s = Subjects("t1")
+    assert s.chunk_msg_id("j", 3, 9) == "j:3-9"
+    assert s.chunk_retry_msg_id("j", 3, "run1", 9) == "j:3-9:run1"
+    assert s.result_msg_id("j", 3, 12, 9) == "r:j:3-9:12"
+    assert s.result("acme", "j", 3, 9) == "t1.result.acme.j.3.9"
+    assert s.parse_result("t1.result.acme.j.3.9") == ("acme", "j", 3, 9)
 
 
 @pytest.mark.parametrize(
@@ -206,7 +220,7 @@ def test_delivery_of_is_none_for_other_subjects(reply: str) -> None:
 @pytest.mark.parametrize("index", [0, 7, 424242, 10**17])
 def test_parse_result_inverts_result(index: int) -> None:
     s = Subjects("t1")
-    assert s.parse_result(s.result("acme", "job-1", index)) == ("acme", "job-1", index)
+    assert s.parse_result(s.result("acme", "job-1", index)) == ("acme", "job-1", index, index)
 
 
 @pytest.mark.parametrize(
@@ -223,7 +237,9 @@ def test_parse_result_inverts_result(index: int) -> None:
         "t1.result.acme.job-1." + "9" * 5000,  # int() raises past 4300 digits
         "t1.result.acme.job-1.",
         "t1.result.acme.job-1",
-        "t1.result.acme.job-1.1.2",
+        "t1.result.acme.job-1.2.1",  # a pack that runs backwards
+        "t1.result.acme.job-1.2.2",  # a pack of one is never written
+        "t1.result.acme.job-1.1.2.3",
         "t1.result.acme..1",
         "t1.result.ac me.job-1.1",
         "t2.result.acme.job-1.1",  # another fabric's
@@ -235,14 +251,19 @@ def test_parse_result_rejects_what_result_never_builds(subject: str) -> None:
     assert Subjects("t1").parse_result(subject) is None
 
 
-def test_result_index_is_the_chunk_of_this_job_only() -> None:
+def test_result_range_is_the_chunks_of_this_job_only() -> None:
     s = Subjects("t1")
     subject = s.result("acme", "job-1", 3)
-    assert s.result_index(subject, "acme", "job-1", 4) == 3
-    assert s.result_index(subject, "acme", "job-1", 3) is None  # past the job's last chunk
-    assert s.result_index(subject, "acme", "job-2", 4) is None
-    assert s.result_index(subject, "other", "job-1", 4) is None
-    assert s.result_index("t1.result.acme.job-1.x", "acme", "job-1", 4) is None
+    assert s.result_range(subject, "acme", "job-1", 4) == (3, 3)
+    assert s.result_range(subject, "acme", "job-1", 3) is None  # past the job's last chunk
+    assert s.result_range(subject, "acme", "job-2", 4) is None
+    assert s.result_range(subject, "other", "job-1", 4) is None
+    assert s.result_range("t1.result.acme.job-1.x", "acme", "job-1", 4) is None
+    pack = s.result("acme", "job-1", 2, 5)
+    assert s.result_range(pack, "acme", "job-1", 6) == (2, 5)
+    assert s.result_range(pack, "acme", "job-1", 5) is None  # its last chunk is past the end
+    # No pack is longer than MAX_PACK_CHUNKS: a forged one cannot claim a whole job.
+    assert s.result_range(s.result("acme", "job-1", 0, 5000), "acme", "job-1", 10**6) is None
 
 
 @pytest.mark.parametrize(

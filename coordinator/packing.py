@@ -1,0 +1,103 @@
+"""Packing: how many tiny chunks travel in one message, from the chunks' sizes and speed.
+
+A message costs the same whether its chunk runs for a microsecond or a minute, so a job of
+tiny chunks is bound by the per-message cost. With `chunks_per_message` at 0 (auto, the
+default) a job's first chunks go one per message, at most two per lease (and 32) submitted
+at a time, until results show how long a chunk runs (the shortest seen: the first chunks
+also wait for their executor). Chunks that run under `TINY_CHUNK_S` then go in packs
+(`ChunkPack`) of about `TARGET_PACK_S` of work, of contiguous chunks, at most
+`PACK_INPUT_BYTES` of input; once two rounds of results show longer chunks, they keep one
+message each with the full window: a pack runs on one lease, one chunk after another, and
+long chunks spread over the leases finish sooner. 1 turns packing off; N >= 2 packs up to N
+chunks from the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS
+
+from .jobs import Span
+
+# Chunks that run shorter than this (as results report them) are packed.
+TINY_CHUNK_S = 0.005
+# A pack holds about this much work, so that the leases' load stays even.
+TARGET_PACK_S = 0.02
+# A pack's inputs at most (its message stays far below the server's 1 MiB payload).
+PACK_INPUT_BYTES = 256 * 2**10
+# Auto: chunks in flight while a job's chunk speed is not known, at least (else 2 per lease).
+PROBE_CHUNKS = 32
+
+
+@attrs.define
+class ChunkSpeed:
+    """How long a job's chunks run, as its results report it: the shortest seen per chunk."""
+
+    chunk_s: float | None = None
+    n_results: int = 0
+
+    def observe(self, elapsed_s: float, n_chunks: int = 1) -> None:
+        """Count a result of `n_chunks` chunks that ran `elapsed_s` on its node."""
+        if elapsed_s <= 0 or n_chunks <= 0:
+            return  # a result recorded by a coordinator, not run
+        each = elapsed_s / n_chunks
+        self.n_results += 1
+        self.chunk_s = each if self.chunk_s is None else min(self.chunk_s, each)
+
+
+@attrs.define
+class Packer:
+    """Cuts a batch of chunks into messages: packs of tiny chunks, single chunks otherwise."""
+
+    # 0: auto; 1: one chunk per message; N: up to N chunks per message.
+    chunks_per_message: int
+    speed: ChunkSpeed
+
+    def __attrs_post_init__(self) -> None:
+        """Refuse a negative setting."""
+        if self.chunks_per_message < 0:
+            raise ValueError(f"chunks_per_message must be >= 0, got {self.chunks_per_message}")
+
+    def throttle(self, leases: int) -> int | None:
+        """Chunks to keep in flight while deciding (auto, speed unknown); None: the window."""
+        if self.chunks_per_message:
+            return None
+        chunk_s = self.speed.chunk_s
+        if chunk_s is not None and chunk_s < TINY_CHUNK_S:
+            return None  # tiny: packed from now on
+        cap = max(PROBE_CHUNKS, 2 * leases)
+        # Two rounds of results, none tiny: the chunks are long, send them as they are.
+        return None if self.speed.n_results >= 2 * cap else cap
+
+    def pack_size(self) -> int:
+        """Chunks per message now."""
+        if self.chunks_per_message:
+            return min(self.chunks_per_message, MAX_PACK_CHUNKS)
+        chunk_s = self.speed.chunk_s
+        if chunk_s is None or chunk_s >= TINY_CHUNK_S:
+            return 1
+        return max(1, min(MAX_PACK_CHUNKS, int(TARGET_PACK_S / max(chunk_s, 1e-6))))
+
+    def spans(self, indices: list[int], inputs: Mapping[int, bytes]) -> list[Span]:
+        """The batch's chunks (in order) as messages: runs of contiguous chunks, or one each."""
+        size = self.pack_size()
+        if size == 1:
+            return [(i, i) for i in indices]
+        spans: list[Span] = []
+        first = last = -2
+        n_bytes = 0
+        for i in indices:
+            n = len(inputs[i])
+            if i == last + 1 and i - first < size and n_bytes + n <= PACK_INPUT_BYTES:
+                last, n_bytes = i, n_bytes + n
+                continue
+            if first >= 0:
+                spans.append((first, last))
+            first = last = i
+            n_bytes = n
+        if first >= 0:
+            spans.append((first, last))
+        return spans

@@ -1,0 +1,135 @@
+"""Tiny chunks packed several to a message: each keeps its own outcome, folded exactly once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from tests.integration.conftest import AgentFactory, FabricFactory
+from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy
+from vramfabric.coordinator import ArgMin, Fold, Job
+
+
+def square_loss(x: int) -> float:
+    """A tiny chunk: the loss of configuration `x` (smallest at 1234)."""
+    return float((x - 1234) ** 2)
+
+
+def fails_on_sevens(x: int) -> int:
+    """Fails the chunks whose input ends in 7; the others return their input."""
+    if x % 10 == 7:
+        raise ValueError(f"no sevens: {x}")
+    return x
+
+
+def fails_until_flag(item: tuple[int, str]) -> int:
+    """Fails the chunks whose input ends in 3 until the file named beside it exists."""
+    x, flag = item
+    if x % 10 == 3 and not Path(flag).exists():
+        raise RuntimeError(f"{x}: not yet")
+    return x
+
+
+def hangs_on_five(x: int) -> int:
+    """Hangs on input 5 (its deadline kills it); returns the others at once."""
+    if x == 5:
+        import time
+
+        time.sleep(60)  # stands in for a chunk that hangs
+    return x
+
+
+async def result_subjects(conn: Connection, broker: BrokerSettings, job_id: str) -> list[str]:
+    """The job's result subjects in the results stream."""
+    info = await conn.js.stream_info(
+        broker.subjects.results_stream("default"),
+        subjects_filter=broker.subjects.result_filter("default", job_id),
+    )
+    return list(info.state.subjects or {})
+
+
+def every_chunk_once() -> Fold:
+    """Counts how often each chunk's output is folded."""
+    return Fold(lambda seen, i, _out: seen + Counter({i: 1}), Counter())
+
+
+async def test_tiny_chunks_travel_packed_and_each_is_folded_once(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given two nodes that run code, and a job of 3000 tiny chunks (auto packing, the default)
+    for node in ("n1", "n2"):
+        await agent_factory(node, simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory()
+    job = Job(square_loss, list(range(3000)))
+    # When it runs
+    result = await fabric.run(job, ArgMin(), slices=4)
+    # Then every chunk has its own result, the argmin is the expected chunk ...
+    assert (result.n_ok, result.n_failed) == (3000, 0)
+    assert result.value[0] == 1234
+    # ... and most chunks travelled packed: far fewer result messages than chunks, named
+    # by the first and last chunk they hold
+    subjects = await result_subjects(conn, broker, result.job_id)
+    packs = [s for s in subjects if s.count(".") == 5]
+    assert packs and len(subjects) < 3000 // 4
+    covered = sum(int(s.split(".")[-1]) - int(s.split(".")[-2]) + 1 for s in packs)
+    assert covered + len(subjects) - len(packs) == 3000
+    # And a second run (a resume) folds each stored result exactly once, from the stream
+    again = await fabric.run(job, every_chunk_once(), slices=4)
+    assert again.resumed == 3000
+    assert again.value == Counter(range(3000))
+
+
+async def test_a_failing_chunk_fails_alone_inside_its_pack(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given packs of 50 chunks, where each chunk whose input ends in 7 raises
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=50)
+    job = Job(fails_on_sevens, list(range(500)), retry=RetryPolicy(max_retries=0))
+    # When it runs
+    result = await fabric.run(job, every_chunk_once(), slices=2)
+    # Then exactly the sevens failed, each with its own error, and every other chunk is in once
+    assert sorted(f.index for f in result.failures) == list(range(7, 500, 10))
+    assert all(f.error_kind is ErrorKind.ERROR for f in result.failures)
+    assert "no sevens: 17" in next(f.error or "" for f in result.failures if f.index == 17)
+    assert result.value == Counter(i for i in range(500) if i % 10 != 7)
+
+
+async def test_retry_failed_runs_a_failed_packed_chunk_again(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory, tmp_path: Path
+) -> None:
+    # Given a packed job whose chunks ending in 3 fail on its first run
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=40)
+    flag = tmp_path / "ready"
+    job = Job(fails_until_flag, [(i, str(flag)) for i in range(400)], retry=RetryPolicy(0))
+    first = await fabric.run(job, every_chunk_once(), slices=2)
+    assert first.n_failed == 40
+    # When the cause is gone and the job runs again with retry_failed
+    flag.touch()
+    second = await fabric.run(job, every_chunk_once(), slices=2, retry_failed=True)
+    # Then every chunk succeeded and each was folded exactly once (its pack's other chunks ran
+    # again, but their results are not folded twice) ...
+    assert (second.n_ok, second.n_failed) == (400, 0)
+    assert second.value == Counter(range(400))
+    # ... and a later run finds every result stored: nothing to run
+    third = await fabric.run(job, every_chunk_once(), slices=2)
+    assert (third.resumed, third.n_failed) == (400, 0)
+    assert third.value == Counter(range(400))
+
+
+async def test_a_hanging_chunk_times_out_alone_and_its_pack_finishes(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a pack of 10 chunks where chunk 5 hangs past its 2 s deadline
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=10, ack_wait_s=30.0)
+    job = Job(hangs_on_five, list(range(10)), timeout_s=2.0, retry=RetryPolicy(max_retries=0))
+    # When it runs
+    result = await fabric.run(job, every_chunk_once(), slices=1, timeout_s=60)
+    # Then only chunk 5 failed, as a timeout; its neighbours ran again alone and are in once
+    assert [(f.index, f.error_kind) for f in result.failures] == [(5, ErrorKind.TIMEOUT)]
+    assert result.value == Counter(i for i in range(10) if i != 5)
