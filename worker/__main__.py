@@ -19,8 +19,6 @@ from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
-from vramfabric.kernels import builtin_registry
-from vramfabric.kernels.registry import load_registry
 
 from .agent import Agent
 from .colocated import Colocated
@@ -109,7 +107,11 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     if args.chunk_timeout_s:
         changes["chunk_timeout_s"] = args.chunk_timeout_s
     if args.kernel_module:
-        # Imported here too, so a bad module fails the start rather than every chunk.
+        # Imported here too, so a bad module fails the start rather than every chunk (and only
+        # here: the built-ins bring NumPy, which the agent itself never needs).
+        from vramfabric.kernels import builtin_registry
+        from vramfabric.kernels.registry import load_registry
+
         load_registry(builtin_registry(), args.kernel_module)
         changes["kernel_modules"] = tuple(args.kernel_module)
     return attrs.evolve(settings, **changes)  # type: ignore[arg-type]

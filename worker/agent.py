@@ -176,8 +176,8 @@ class Agent:
         )
         # The server must know the subscription before the first advert tells anyone to ask.
         await self.conn.nc.flush()
-        # A node is ready when it can run chunks at once, not after a process start each, and
-        # never when its executors cannot start at all (ExecutorCrashed from the probe).
+        # Never ready when its executors cannot start at all (ExecutorCrashed from the probe);
+        # where the agent vouches for them they start meanwhile (a first chunk may wait).
         if probe:
             await self.executors.probe()
         await self._heartbeat.beat()

@@ -69,6 +69,8 @@ class ExecutorPool:
     # after a quiet spell.
     _last_busy: float = attrs.field(default=float("-inf"), init=False)
     _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
+    # The spares started after a start-up that did not wait for them (see `probe`).
+    _spares_in_turn: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _containment: Containment = attrs.field(init=False)
     layout: ExecutorLayout = attrs.field(init=False)
     room: ExecutorRoom = attrs.field(init=False)
@@ -212,21 +214,26 @@ class ExecutorPool:
         starts. Spares are made again only after the node has been idle a while: starting
         processes between two jobs of a burst would slow the second one down.
         """
+        if self._spares_in_turn is not None and not self._spares_in_turn.done():
+            return  # the start-up's spares are still coming, one at a time
+        for gpu in self.gpus:
+            if self._spare_wanted(gpu.index):
+                self._start_task(_spare_key(gpu.index))
+
+    def _spare_wanted(self, gpu: int) -> bool:
+        """Whether to start a spare for `gpu` now (none there, the node idle a while)."""
         quiet = time.monotonic() - self._last_busy > SPARE_AFTER_IDLE_S
         busy = any(exe.tasks for exe in self._procs.values())
         if self._closed or not quiet or busy or self._containment.uids is not None:
-            return
-        if not self.settings.eager_executors:
-            return
-        for gpu in self.gpus:
-            key = _spare_key(gpu.index)
-            # A spare never takes the room of a process that is (or may soon be) used.
-            if (
-                key not in self._procs
-                and key not in self._starting
-                and not self.room.full(gpu.index)
-            ):
-                self._start_task(key)
+            return False
+        key = _spare_key(gpu)
+        # A spare never takes the room of a process that is (or may soon be) used.
+        return (
+            self.settings.eager_executors
+            and key not in self._procs
+            and key not in self._starting
+            and not self.room.full(gpu)
+        )
 
     def _adopt_spare(self, key: ExecKey) -> ExecutorProcess | None:
         # An idle process of the same tenant on this GPU first (a lease's own process whose
@@ -238,7 +245,9 @@ class ExecutorPool:
             if k[:2] == key[:2] and k[2].startswith(_IDLE) and exe.alive and exe.ready.done()
         ]
         spare = idle[0] if idle else self._procs.get(_spare_key(key[0]))
-        if spare is None or not spare.alive or not spare.ready.done():
+        # A spare still starting is taken too: its chunks wait for it (`_executor`), rather
+        # than for one more process started beside it on a busy machine.
+        if spare is None or not spare.alive:
             return None
         del self._procs[spare.key]
         spare.key = key
@@ -319,13 +328,40 @@ class ExecutorPool:
                 self._procs[exe.key] = exe
         return stopped
 
+    @property
+    def vouched(self) -> bool:
+        """Whether this agent's own start shows that its executors can start too.
+
+        An executor is then this interpreter, as this uid, on a simulated GPU, importing no
+        module the agent did not: nothing can stop it that has not already stopped the agent.
+        Another uid (which may not run the interpreter), a real GPU (CUDA to initialise) or
+        an operator's `--kernel-module` (imported in the executors' environment) must be
+        shown by starting one (`probe`).
+        """
+        return (
+            self.gpus[0].simulated
+            and self._containment.uids is None
+            and not self.settings.kernel_modules
+        )
+
     async def probe(self) -> None:
-        """Start one executor the way tenants' executors start, wait for it, stop it.
+        """Make sure executors start here: a spare per GPU, or one started and stopped.
+
+        Where the agent vouches for its executors (`vouched`) this returns at once: the
+        spares start in the background, one after another (a chunk that comes first takes its
+        GPU's spare, started or starting, or starts its own), or none without
+        `eager_executors`.
 
         Raises:
             ExecutorCrashed: it did not start (or say ready within START_PATIENCE_S), e.g.
                 its uid may not run the interpreter: this node cannot run chunks.
         """
+        if self.vouched:
+            if self.settings.eager_executors:
+                self._spares_in_turn = asyncio.get_running_loop().create_task(self._spares())
+            else:
+                self._prebuild()
+            return
         self.keep_spares()
         spares = [t for key, t in self._starting.items() if key[1:] == _SPARE]
         if spares:  # the spares are the probe: they start as tenants' executors would
@@ -335,14 +371,34 @@ class ExecutorPool:
             exe.kill("idle: the start-up probe is done")
             if exe.reader is not None:
                 await exe.reader
+        self._prebuild()
+
+    async def _spares(self) -> None:
+        """Start a spare per GPU in turn, until the node gets work; then the prebuild.
+
+        One at a time: started together on a small machine, every spare (and the first
+        chunk's executor among them) would be ready only when the last one is.
+        """
+        for gpu in self.gpus:
+            if not self._spare_wanted(gpu.index):
+                break
+            try:
+                await asyncio.shield(self._start_task(_spare_key(gpu.index)))
+            except ExecutorCrashed:
+                break  # logged by the start task; chunks that need one will say why
+        self._prebuild()
+
+    def _prebuild(self) -> None:
         # Simulated GPUs run registered CUDA on the host path. Started after the executors,
         # whose start it slowed down by a second on a 2-core machine.
-        if self.gpus[0].simulated:
+        if self.gpus[0].simulated and not self._closed:
             start_prebuild(self.settings.kernel_modules)
 
     async def close(self) -> None:
         """Kill every executor (chunks still running fail as crashed) and wait for them."""
         self._closed = True
+        if self._spares_in_turn is not None:
+            self._spares_in_turn.cancel()
         for task in list(self._starting.values()):
             task.cancel()
         for exe in list(self._procs.values()):
