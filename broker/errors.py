@@ -6,15 +6,15 @@ error replies. `from_nats` is the single place where nats-py exceptions become o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
+import functools
 import socket
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import nats.errors
-import nats.js.errors
+if TYPE_CHECKING:
+    import nats.js.errors
 
 # JetStream err_code for "maximum messages per subject exceeded": on the first-result-wins
 # results stream it means "a result is already recorded", not "retry" (NATS_GUIDE.md section 2).
@@ -216,21 +216,28 @@ class ServerError(PermanentError):
     """The embedded nats-server did not start or stop as asked."""
 
 
-# nats-py errors about the call itself (a bad subject, key or payload, bad credentials, a
-# server without a needed feature): trying again cannot help, so they are not Disconnected.
-_REFUSED_BY_CLIENT = (
-    nats.errors.MaxPayloadError,
-    nats.errors.BadSubjectError,
-    nats.errors.BadHeaderError,
-    nats.errors.InvalidUserCredentialsError,
-    nats.errors.MsgAlreadyAckdError,
-    nats.errors.NotJSMessageError,
-    nats.js.errors.InvalidKeyError,
-    nats.js.errors.InvalidBucketNameError,
-    nats.js.errors.InvalidObjectNameError,
-    nats.js.errors.DigestMismatchError,
-    nats.js.errors.KeyValueLimitMarkerTTLNotSupportedError,
-)
+@functools.cache
+def _refused_by_client() -> tuple[type[Exception], ...]:
+    """nats-py's errors about the call itself: trying again cannot help (not Disconnected).
+
+    A bad subject, key or payload, bad credentials, a server without a needed feature.
+    """
+    import nats.errors
+    import nats.js.errors
+
+    return (
+        nats.errors.MaxPayloadError,
+        nats.errors.BadSubjectError,
+        nats.errors.BadHeaderError,
+        nats.errors.InvalidUserCredentialsError,
+        nats.errors.MsgAlreadyAckdError,
+        nats.errors.NotJSMessageError,
+        nats.js.errors.InvalidKeyError,
+        nats.js.errors.InvalidBucketNameError,
+        nats.js.errors.InvalidObjectNameError,
+        nats.js.errors.DigestMismatchError,
+        nats.js.errors.KeyValueLimitMarkerTTLNotSupportedError,
+    )
 
 
 def from_nats(exc: BaseException) -> BaseException:
@@ -241,6 +248,11 @@ def from_nats(exc: BaseException) -> BaseException:
     """
     if isinstance(exc, VramfabricError):
         return exc
+    # Imported here: executors raise and carry these errors but never talk to NATS, and
+    # importing nats-py cost each one's start 0.1 s.
+    import nats.errors
+    import nats.js.errors
+
     if isinstance(exc, nats.js.errors.APIError):
         return _from_api_error(exc)
     if isinstance(exc, nats.errors.AuthorizationError):
@@ -249,9 +261,9 @@ def from_nats(exc: BaseException) -> BaseException:
         return PermissionDenied(str(exc))
     if isinstance(exc, nats.errors.NoRespondersError):
         return Disconnected("no responders")
-    if isinstance(exc, asyncio.TimeoutError | nats.errors.TimeoutError):
+    if isinstance(exc, TimeoutError | nats.errors.TimeoutError):  # asyncio.TimeoutError too
         return Disconnected("request timed out")
-    if isinstance(exc, _REFUSED_BY_CLIENT):
+    if isinstance(exc, _refused_by_client()):
         return PermanentError(f"nats: {type(exc).__name__}: {exc}")
     # Only network OSErrors: a FileNotFoundError or an OS PermissionError is not a blip.
     if isinstance(exc, nats.errors.Error | ConnectionError | socket.gaierror) or (
@@ -262,6 +274,8 @@ def from_nats(exc: BaseException) -> BaseException:
 
 
 def _from_api_error(exc: nats.js.errors.APIError) -> VramfabricError:
+    import nats.js.errors
+
     # err_code first: 10077 arrives as a 503 that must not be read as "retry".
     err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
     if err_code == ERR_CODE_RESULT_RECORDED:
