@@ -59,6 +59,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     configs = list(range(args.n))
     expected = min(configs, key=lambda c: (loss(c), c))
     times: list[float] = []
+    phases: list[dict[str, float]] = []
     try:
         await fabric.run(Job(loss, configs[:1000]), ArgMin())  # warm: executors, code loaded
         for k in range(args.jobs):
@@ -67,6 +68,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             result = await fabric.run(job, agg)
             times.append(time.perf_counter() - t0)
+            phases.append(result.phases_s)
             assert result.n_ok == args.n, f"{result.n_failed} chunks failed"
             assert result.value is not None and result.value[0] == expected, result.value
             assert agg.folds == bytearray([1]) * args.n, "a chunk was folded twice or never"
@@ -82,6 +84,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "median_s": round(median, 3),
         "chunks_per_s": round(args.n / median),
         "best_s": round(min(times), 3),
+        "phases_s": {k: round(v, 3) for k, v in phases[times.index(median)].items()}
+        if median in times
+        else {},
         "folded_once": True,
         "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} cores",
         "date": date.today().isoformat(),

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -108,3 +109,11 @@ def test_a_function_that_cannot_be_pickled_is_refused() -> None:
 
     with pytest.raises(TypeError, match="cannot pickle"):
         PythonCode.of(holds_a_lock)
+
+
+@pytest.mark.parametrize(
+    "value", [5, -(2**70), 1.5, "é" * 300, b"xyz", True, None, (1, 2.0, "a", b"b", None)]
+)
+def test_plain_inputs_encode_as_cloudpickle_would(value: object) -> None:
+    # The fast path must not change a job's inputs digest, hence its id (resume across versions)
+    assert encode_input(value) == cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
