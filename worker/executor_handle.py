@@ -65,6 +65,9 @@ class Running:
     # Monotonic time past which the chunk is killed, and its deadline in seconds.
     deadline: float = float("inf")
     timeout_s: float = 0.0
+    # What the work cost, as its executor measured it: the CPU seconds of its thread on a
+    # simulated GPU (its wall time there counts the other leases' threads), wall on a GPU.
+    cost_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -233,6 +236,7 @@ class ExecutorProcess:
             return  # a chunk that already failed (its deadline passed)
         if op == "done" and not task.future.done():
             if frame.get("ok"):
+                task.cost_s = float(frame.get("cost_s", 0.0))
                 task.future.set_result(bytes(frame["output"]))
             else:
                 error = _failure(frame)

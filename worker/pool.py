@@ -113,6 +113,22 @@ class ExecutorPool:
     ) -> bytes:
         """Run one chunk in the lease's executor (or one of its own); return its output.
 
+        Raises: as `run_costed`.
+        """
+        output, _cost_s = await self.run_costed(lease, work, frame, timeout_s, save, alone)
+        return output
+
+    async def run_costed(
+        self,
+        lease: Lease,
+        work: Work,
+        frame: dict[str, Any],
+        timeout_s: float,
+        save: SaveCheckpoint | None = None,
+        alone: bool = False,
+    ) -> tuple[bytes, float]:
+        """Run one chunk as `run` does; return its output and what it cost (`Running.cost_s`).
+
         Raises:
             ChunkTimeout: past `timeout_s` (the executor was killed).
             ExecutorCrashed: the executor died while the chunk ran.
@@ -152,7 +168,7 @@ class ExecutorPool:
                     "lease": lease.lease_id,
                 }
             )
-            return await task.future
+            return await task.future, task.cost_s
         except asyncio.CancelledError:
             # Its caller gave up on it (an interactive call whose lease ended, a stopping
             # node): the work must not keep running, and holding the slot, in the process.
