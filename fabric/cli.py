@@ -7,16 +7,14 @@ fleet_commands.py; the exit codes are exits.py. One cmd_* function per command.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vramfabric.broker import tenants
-from vramfabric.broker.cluster import LocalCluster
 from vramfabric.broker.errors import (
     Disconnected,
     JobCancelled,
@@ -24,17 +22,8 @@ from vramfabric.broker.errors import (
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.broker.server import NatsServer
-from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
-from vramfabric.coordinator.metrics import CoordinatorMetrics
-from vramfabric.coordinator.settings import CoordinatorSettings
-from vramfabric.kernels.nvrtc import check_source
-from vramfabric.kernels.settings import CudaSettings, parse_archs
-from vramfabric.worker.metrics import DEFAULT_PORT as DEFAULT_WORKER_METRICS_PORT
+from vramfabric.worker.settings import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
 
-from . import notebook
-from .authserver import AuthServer
 from .exits import (
     RET_BROKEN_PIPE,
     RET_CANCELLED,
@@ -46,22 +35,26 @@ from .exits import (
     RET_OK,
     RET_USAGE,
 )
-from .fleet_commands import add_job_commands, cmd_status
-from .report import (
-    err,
-    print_demo,
-    progress_bar,
-)
-from .run_command import NO_NODES_HINT_S, cmd_run, plot, plot_problem, serve_metrics
+
+if TYPE_CHECKING:
+    from .authserver import AuthServer
 
 log = logging.getLogger(__name__)
 
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
+# Commands that start parts of a fabric: parsed without the other commands' parsers, whose
+# modules (the coordinator, NumPy, rich) cost `vramfabric up` 0.5 s before it began.
+SERVING = ("server", "up", "worker")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded server + simulated workers + a built-in kernel's pattern (the search by default)."""
+    from vramfabric.coordinator.metrics import CoordinatorMetrics
+    from vramfabric.coordinator.settings import CoordinatorSettings
+
     from .demo import demo, demo_chunks, print_pattern
+    from .report import err, print_demo, progress_bar
+    from .run_command import plot, plot_problem, serve_metrics
 
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric demo: {problem}")
@@ -107,6 +100,14 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     With --tenants, a change to the tenants file (or SIGHUP) is applied while it runs.
     """
+    import asyncio
+
+    from vramfabric.broker import tenants
+    from vramfabric.broker.cluster import LocalCluster
+    from vramfabric.broker.server import NatsServer
+
+    from .report import err
+
     if args.cluster > 1 and args.tenants:
         # The cluster would start without the tenants' config: auth silently off.
         err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
@@ -147,6 +148,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def _reload(authed: AuthServer) -> None:
     """Apply the tenants file again; a bad file is one error line, the old tenants stay."""
+    from .report import err
+
     try:
         count = authed.reload()
     except (ValueError, VramfabricError) as exc:
@@ -163,6 +166,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     path, pid = discovery.discovery_path(os.environ), os.getpid()
     if (running := discovery.live_url(os.environ)) is not None:
+        from .report import err
+
         # A second `up` would take the discovery file over and delete it on exit.
         err.print(
             f"vramfabric up: a fabric is already up at {running} (see {path}); "
@@ -181,7 +186,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         fleet.start()
         if fleet.metrics_urls:
-            err.print(f"worker metrics: {' '.join(fleet.metrics_urls)}", soft_wrap=True)
+            print(f"worker metrics: {' '.join(fleet.metrics_urls)}", file=sys.stderr, flush=True)
         # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         discovery.write(path, fleet.broker.url, pid)
@@ -203,6 +208,11 @@ def _auth_server(args: argparse.Namespace) -> AuthServer:
     The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
     holds it in plain text (a bcrypt hash cannot log in).
     """
+    from vramfabric.broker import tenants
+    from vramfabric.broker.settings import BrokerSettings
+
+    from .authserver import AuthServer
+
     file = tenants.load(args.tenants)
     password = os.environ.get("VRAMFABRIC_NATS_PASSWORD") or file.operator.password
     if not password or password.startswith("$2"):
@@ -221,6 +231,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_kernel_check(args: argparse.Namespace) -> int:
     """Compile a CUDA source with NVRTC for the target architectures; errors name the line."""
+    from vramfabric.kernels.nvrtc import check_source
+    from vramfabric.kernels.settings import CudaSettings, parse_archs
+
+    from .report import err
+
     path = Path(args.file)
     archs = parse_archs(args.arch) if args.arch else CudaSettings.from_env().archs
     try:
@@ -236,9 +251,13 @@ def cmd_kernel_check(args: argparse.Namespace) -> int:
 
 
 def add_metrics_port(
-    parser: argparse.ArgumentParser, whose: str, default: int = DEFAULT_METRICS_PORT
+    parser: argparse.ArgumentParser, whose: str, default: int | None = None
 ) -> None:
-    """The `--metrics-port [PORT]` flag of a command that serves metrics."""
+    """The `--metrics-port [PORT]` flag of a command serving metrics (default: a coordinator)."""
+    if default is None:
+        from vramfabric.coordinator.metrics import DEFAULT_PORT
+
+        default = DEFAULT_PORT
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -249,13 +268,23 @@ def add_metrics_port(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
+def build_parser(serving_only: bool = False) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand (or only the SERVING ones)."""
     parser = argparse.ArgumentParser(
         prog="vramfabric", description="GPU memory as a pool of leasable VRAM slices."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
+    if not serving_only:
+        _add_demo(sub)
+    _add_serving(sub)
+    if not serving_only:
+        _add_client_commands(sub)
+    return parser
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `demo` command."""
     p = sub.add_parser("demo", help="embedded fabric + a built-in CUDA kernel's pattern")
     p.add_argument(
         "--kernel",
@@ -280,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", action="store_true", help="run with auth on: a generated tenants file")
     p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
     p.set_defaults(handler=cmd_demo)
+
+
+def _add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `server`, `up` and `worker` commands."""
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
     p.add_argument("--port", type=int, default=4222)
     p.add_argument("--store", help="JetStream store directory (default: a temp dir)")
@@ -308,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run a node agent")
     add_arguments(p)
     p.set_defaults(handler=cmd_worker)
+
+
+def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`run`, `status`, the job commands, `notebook` and `kernel`."""
+    from . import notebook
+    from .fleet_commands import add_job_commands, cmd_status
+    from .run_command import NO_NODES_HINT_S, cmd_run
+
     p = sub.add_parser("run", help="run a JOB.toml against a running fabric")
     p.add_argument("jobfile")
     p.add_argument("--json", action="store_true")
@@ -339,12 +380,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entry", required=True, help='the extern "C" __global__ function')
     p.add_argument("--arch", help="e.g. sm_90 or sm_80,sm_90 (default VRAMFABRIC_CUDA_ARCHS)")
     p.set_defaults(handler=cmd_kernel_check)
-    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse a command line; a SERVING command's without importing the others' modules."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    return build_parser(serving_only=command in SERVING).parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vramfabric` console script."""
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=VERBOSITY.get(args.verbose, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -353,6 +399,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args))
     except BrokenPipeError:
         return _broken_pipe()
+    except BaseException as exc:  # re-raised unless _failed records it as an exit code
+        return _failed(args, exc)
+
+
+def _failed(args: argparse.Namespace, exc: BaseException) -> int:
+    """The exit code of a command that raised `exc`, after one line that says why."""
+    from .report import err  # rich, only when there is something to say
+
+    try:
+        raise exc
     except KeyboardInterrupt:
         err.print(f"vramfabric {args.command}: interrupted")
         return RET_INTERRUPTED

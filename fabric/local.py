@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from vramfabric.broker import auth, tenants
+from vramfabric.broker import tenants
 from vramfabric.broker.errors import ServerError
 from vramfabric.broker.server import NatsServer, die_with_parent
 from vramfabric.broker.settings import BrokerSettings
@@ -62,6 +62,8 @@ class LocalFleet:
         )
         if self._tenants is None:
             return base
+        from vramfabric.broker import auth  # with its NATS client: only when auth is on
+
         return auth.settings_for(base, tenants.OPERATOR_USER, self._tenants.operator.password)
 
     def broker_for(self, tenant: str) -> BrokerSettings:
@@ -69,6 +71,8 @@ class LocalFleet:
         if self._tenants is None:
             return self.broker
         password = self._tenants.tenant(tenant).credential.password
+        from vramfabric.broker import auth
+
         return auth.settings_for(self.broker, tenant, password)
 
     @property
@@ -102,6 +106,8 @@ class LocalFleet:
             return NatsServer(port=self.port).start()
         assert self._tenants is not None
         assert self._config_dir is not None
+        from vramfabric.broker import auth
+
         config = Path(self._config_dir.name) / "server.json"
         auth.write_config(
             self._tenants, BrokerSettings(prefix=self.prefix).subjects, config, port=self.port
@@ -214,6 +220,8 @@ def demo_tenants_file(
     path: str | Path, names: tuple[str, ...] = ("demo",), allow_code: bool = False
 ) -> Path:
     """Write a tenants file with fresh random passwords (weight 1, no quota; code if asked)."""
+    from vramfabric.broker import auth
+
     code = "\nallow_code = true" if allow_code else ""
     lines = [f'[operator]\npassword = "{secrets.token_hex(16)}"']
     lines.append(f'[workers]\npassword = "{secrets.token_hex(16)}"')

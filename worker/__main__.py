@@ -10,22 +10,21 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 
-from vramfabric.broker import buckets
-from vramfabric.broker.codec import decode
-from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed
-from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings, parse_size
 
-from .agent import Agent
-from .colocated import Colocated
 from .hardening import make_undumpable
-from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
-from .metrics import WorkerMetrics
-from .settings import WorkerSettings
+from .settings import DEFAULT_METRICS_PORT, WorkerSettings
+
+if TYPE_CHECKING:
+    from vramfabric.broker.connection import Connection
+
+    from .agent import Agent
+    from .colocated import Colocated
 
 RET_OK, RET_USAGE, RET_CONNECT, RET_CHECK_FAILED = 0, 2, 3, 1
 # The node's executor processes cannot start (the start-up probe failed).
@@ -119,6 +118,11 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
 
 async def check(broker: BrokerSettings, node: str) -> int:
     """RET_OK if `node`'s advert in KV is younger than the node TTL, else RET_CHECK_FAILED."""
+    from vramfabric.broker import buckets
+    from vramfabric.broker.codec import decode
+    from vramfabric.broker.connection import connect
+    from vramfabric.broker.messages import NodeAdvert
+
     conn = await connect(broker, name=f"check-{node}")
     try:
         kv = await buckets.nodes_bucket(conn.js, broker)
@@ -135,6 +139,8 @@ async def check(broker: BrokerSettings, node: str) -> int:
 
 async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
     """Connect, retrying within the broker's retry deadline: a node may start before NATS."""
+    from vramfabric.broker.connection import connect
+
     return await broker.call_retry.call(lambda: connect(broker, name=name), what="connect")
 
 
@@ -143,6 +149,12 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1
 
     SIGTERM drains: running chunks finish within the grace, every lease is released.
     """
+    # The agent's modules load here, not with this module: `vramfabric up` and the other
+    # commands that only parse the worker's flags (fabric/cli.py) do not pay for them.
+    from .agent import Agent
+    from .colocated import Colocated
+    from .metrics import WorkerMetrics
+
     metrics, url = WorkerMetrics(), ""
     if settings.metrics_port is not None:
         # First, so a port in use fails the start before anything else has begun.

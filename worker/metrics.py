@@ -15,8 +15,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from vramfabric.broker.messages import Lease
 
+from .settings import DEFAULT_METRICS_PORT
+
 # The port `vramfabric worker --metrics-port` serves on when given no number (compose uses it).
-DEFAULT_PORT = 9100
+DEFAULT_PORT = DEFAULT_METRICS_PORT
 ROLE = "worker"
 KERNEL_BUCKETS_S = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120)
 LEASE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)
