@@ -1,12 +1,16 @@
 """Compare: the same job through vramfabric, Ray and bare JetStream, alternating; JSON lines.
 
-The job is the demo's: tiny hyperparameter chunks (one 12-byte configuration in, one
-float32 loss out, one message each way per chunk), `--n` of them, and the argmin. Each
-system computes a chunk the same way, as a simulated vramfabric worker does (the registered
-kernel's CUDA source on the host path, kernels/host.py), with two worker processes:
+The job is the demo's search: tiny hyperparameter chunks (one 12-byte configuration in, one
+float32 loss out), `--n` of them, and the argmin. Each system computes a chunk with the same
+function, with two worker processes; `--chunk` picks it: `reference` (the default, as issue
+17 measured) runs the demo kernel's NumPy reference (about 0.2 ms), `host` its CUDA source
+compiled for the CPU (kernels/host.py, about 0.5 ms), which a simulated worker runs for the
+registered kernel.
 
-- vramfabric: an embedded fabric (LocalFleet, 2 workers); a job is the whole `Fabric.run`
-  (spec, leases, submit, execute, aggregate, release).
+- vramfabric: an embedded fabric (LocalFleet, 2 workers, `--allow-code`) running the function
+  as a job; a job is the whole `Fabric.run` (spec, leases, submit, execute, aggregate,
+  release). `vramfabric` packs tiny chunks (the default, auto); `vramfabric_unpacked` sends
+  one chunk per message (`chunks_per_message=1`), as the baseline does.
 - bare JetStream: 2 worker processes pulling from a work-queue stream (streaming pull, a
   batch per request) and publishing each result into a results stream; the client
   publishes the chunks (core publishes the stream captures, no PubAck each) and folds the
@@ -18,7 +22,7 @@ medians are printed, one JSON line per system and size, then one line of ratios.
 each system takes to be ready (started until it can run a chunk) is measured once.
 
     python bench/compare.py                       # n = 1000 and 10000, 4 rounds x 3 jobs
-    python bench/compare.py --n 1000 --rounds 2 --no-ray
+    python bench/compare.py --n 1000 --rounds 2 --no-ray --chunk host
 """
 
 from __future__ import annotations
@@ -46,14 +50,25 @@ from vramfabric.kernels.hyperparam import encode_config, search_space
 from vramfabric.local import LocalFleet
 
 WORKERS = 2
+# Which computation a chunk runs (`--chunk`): set once, before any system starts.
+CHUNK = ["reference"]
 
 
-def chunk_fn() -> Callable[[bytes], bytes]:
-    """One chunk's computation, as a simulated vramfabric worker runs it."""
-    if HYPERPARAM_EVAL.cuda is not None:
-        kernel = HYPERPARAM_EVAL.cuda()
-        return kernel.run_host
-    return lambda data: HYPERPARAM_EVAL.run(np, {}, data)
+def reference_chunk(config: bytes) -> bytes:
+    """A chunk as the demo kernel's NumPy reference computes it: the loss, float32 bytes."""
+    return HYPERPARAM_EVAL.run(np, {}, config)
+
+
+def reference_loss(config: bytes) -> float:
+    """The chunk as a vramfabric job's function: the same loss, as a float."""
+    return float(struct.unpack("<f", HYPERPARAM_EVAL.run(np, {}, config)[:4])[0])
+
+
+def chunk_fn(kind: str) -> Callable[[bytes], bytes]:
+    """One chunk's computation of `kind` (`--chunk`); worker processes are told it."""
+    if kind == "host" and HYPERPARAM_EVAL.cuda is not None:
+        return HYPERPARAM_EVAL.cuda().run_host
+    return reference_chunk
 
 
 def inputs(n: int) -> list[bytes]:
@@ -71,13 +86,13 @@ def argmin(losses: dict[int, bytes]) -> int:
 # ---- bare JetStream ----------------------------------------------------------------------
 
 
-def _js_worker(url: str, ready: Any) -> None:
+def _js_worker(url: str, ready: Any, kind: str) -> None:
     """A baseline worker process: pull chunks, compute, publish each result."""
-    asyncio.run(_js_worker_loop(url, ready))
+    asyncio.run(_js_worker_loop(url, ready, kind))
 
 
-async def _js_worker_loop(url: str, ready: Any) -> None:
-    run = chunk_fn()
+async def _js_worker_loop(url: str, ready: Any, kind: str) -> None:
+    run = chunk_fn(kind)
     nc = await nats.connect(url)
     js = nc.jetstream()
     sub = await js.pull_subscribe_bind("w", stream="CMP_WORK")
@@ -119,7 +134,8 @@ class BareJetStream:
         ctx = mp.get_context("spawn")
         events = [ctx.Event() for _ in range(WORKERS)]
         self.procs = [
-            ctx.Process(target=_js_worker, args=(self.url, e), daemon=True) for e in events
+            ctx.Process(target=_js_worker, args=(self.url, e, CHUNK[0]), daemon=True)
+            for e in events
         ]
         for proc in self.procs:
             proc.start()
@@ -157,28 +173,37 @@ class BareJetStream:
 class Vramfabric:
     """An embedded fabric of two simulated workers; a job is one `Fabric.run`."""
 
-    name = "vramfabric"
-
-    def __init__(self, url: str) -> None:
-        self.fleet = LocalFleet(workers=WORKERS, simulate="1x80GiB", url=url, prefix="cmpvf")
+    def __init__(self, fleet: LocalFleet, packed: bool) -> None:
+        self.fleet = fleet
+        self.packed = packed
+        self.name = "vramfabric" if packed else "vramfabric_unpacked"
 
     async def start(self) -> None:
-        """Start the workers (the server is shared) and connect."""
-        await asyncio.to_thread(self.fleet.start)
-        settings = CoordinatorSettings(slice_bytes=512 * 2**20, job_retention_s=0)
+        """Start the workers if no other system did (the server is shared) and connect."""
+        if not self.fleet.procs:
+            await asyncio.to_thread(self.fleet.start)
+        settings = CoordinatorSettings(
+            slice_bytes=512 * 2**20, job_retention_s=0, chunks_per_message=0 if self.packed else 1
+        )
         self.fabric = await Fabric.connect(self.fleet.broker, settings)
+        await self.job(inputs(1000), f"warm{self.packed:d}")  # executors up on every lease
 
     async def job(self, data: list[bytes], tag: str) -> int:
         """One whole run: leases, submit, execute, aggregate, release."""
-        result = await self.fabric.run(Job(HYPERPARAM_EVAL, data, job_id=tag), ArgMin())
+        if CHUNK[0] == "host":
+            job = Job(HYPERPARAM_EVAL, data, job_id=tag)
+        else:
+            job = Job(reference_loss, data, job_id=tag)
+        result = await self.fabric.run(job, ArgMin())
         assert result.n_ok == len(data), f"{result.n_failed} chunks failed"
         await self.fabric.fleet.wait_changed(timeout_s=1.0)  # adverts show the leases back
         return int(result.value[0])
 
     async def stop(self) -> None:
-        """Close the client and stop the workers."""
+        """Close the client and stop the workers (once)."""
         await self.fabric.close()
-        await asyncio.to_thread(self.fleet.stop)
+        if self.fleet.procs:
+            await asyncio.to_thread(self.fleet.stop)
 
 
 # ---- Ray ---------------------------------------------------------------------------------
@@ -198,15 +223,16 @@ class Ray:
 
         # Ray is the optional bench extra: where it is missing (CI) its decorator is untyped.
         @ray.remote  # type: ignore[untyped-decorator, unused-ignore]
-        def evaluate(chunk: bytes) -> bytes:
-            return _ray_chunk(chunk)
+        def evaluate(chunk: bytes, kind: str) -> bytes:
+            return _ray_chunk(chunk, kind)
 
         self.evaluate = evaluate
-        ray.get([evaluate.remote(b) for b in inputs(WORKERS)])
+        ray.get([evaluate.remote(b, CHUNK[0]) for b in inputs(WORKERS)])
 
     async def job(self, data: list[bytes], tag: str) -> int:
         """Submit every chunk as a task and wait for all."""
-        outs = await asyncio.to_thread(self.ray.get, [self.evaluate.remote(b) for b in data])
+        tasks = [self.evaluate.remote(b, CHUNK[0]) for b in data]
+        outs = await asyncio.to_thread(self.ray.get, tasks)
         return argmin(dict(enumerate(outs)))
 
     async def stop(self) -> None:
@@ -217,10 +243,10 @@ class Ray:
 _RAY_FN: list[Callable[[bytes], bytes]] = []
 
 
-def _ray_chunk(chunk: bytes) -> bytes:
+def _ray_chunk(chunk: bytes, kind: str) -> bytes:
     """A chunk in a Ray worker: the computation built once per worker process."""
     if not _RAY_FN:
-        _RAY_FN.append(chunk_fn())
+        _RAY_FN.append(chunk_fn(kind))
     return _RAY_FN[0](chunk)
 
 
@@ -230,7 +256,18 @@ def _ray_chunk(chunk: bytes) -> bytes:
 async def compare(sizes: list[int], rounds: int, jobs: int, with_ray: bool) -> list[dict[str, Any]]:
     """Start each system, then alternate them; medians per system and size, and ratios."""
     with NatsServer() as server:
-        systems: list[Any] = [Vramfabric(server.url), BareJetStream(server.url)]
+        fleet = LocalFleet(
+            workers=WORKERS,
+            simulate="1x80GiB",
+            url=server.url,
+            prefix="cmpvf",
+            worker_args=("--allow-code",),
+        )
+        systems: list[Any] = [
+            Vramfabric(fleet, packed=True),
+            Vramfabric(fleet, packed=False),
+            BareJetStream(server.url),
+        ]
         if with_ray:
             systems.append(Ray())
         ready_s: dict[str, float] = {}
@@ -250,7 +287,7 @@ async def alternate(
     systems: list[Any], sizes: list[int], rounds: int, jobs: int
 ) -> dict[tuple[str, int], list[float]]:
     """Each round, each system runs `jobs` jobs of each size; seconds per job, by both."""
-    expected = {n: argmin(dict(enumerate(map(chunk_fn(), inputs(n))))) for n in sizes}
+    expected = {n: argmin(dict(enumerate(map(chunk_fn(CHUNK[0]), inputs(n))))) for n in sizes}
     times: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
         for system in systems:
@@ -275,6 +312,7 @@ def summary(
     stamp = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
+        "chunk": CHUNK[0],
     }
     lines: list[dict[str, Any]] = []
     for (name, n), samples in sorted(times.items()):
@@ -292,12 +330,13 @@ def summary(
             }
         )
     for n in sizes:
-        vf = statistics.median(times[("vramfabric", n)])
         bare = statistics.median(times[("bare_jetstream", n)])
-        ratios = {"of_bare_jetstream": round(bare / vf, 3)}
-        if with_ray:
-            ratios["times_ray"] = round(statistics.median(times[("ray", n)]) / vf, 2)
-        lines.append({"bench": "compare", "n": n, "vramfabric_speed": ratios, **stamp})
+        for name in ("vramfabric", "vramfabric_unpacked"):
+            vf = statistics.median(times[(name, n)])
+            ratios = {"of_bare_jetstream": round(bare / vf, 3)}
+            if with_ray:
+                ratios["times_ray"] = round(statistics.median(times[("ray", n)]) / vf, 2)
+            lines.append({"bench": "compare", "n": n, "system": name, "speed": ratios, **stamp})
     return lines
 
 
@@ -307,7 +346,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=3, help="jobs per system, size and round")
     parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
+    parser.add_argument(
+        "--chunk", choices=("reference", "host"), default="reference", help="what a chunk runs"
+    )
     args = parser.parse_args()
+    CHUNK[0] = args.chunk
     with_ray = not args.no_ray
     if with_ray:
         try:

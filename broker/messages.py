@@ -276,6 +276,9 @@ class ChunkResult:
     started_at: float = 0.0
     elapsed_s: float = 0.0
     v: int = PROTOCOL_VERSION
+    # The seconds its work ran in its executor (0 where unknown): no wait for a process or a
+    # slot, unlike `elapsed_s`. Packing reads it.
+    cost_s: float = 0.0
 
 
 def _is_pack_outcome(inst: PackResult, _attr: attrs.Attribute[Any], value: Any) -> None:
@@ -331,6 +334,8 @@ class PackResult:
     started_at: float = 0.0
     elapsed_s: float = 0.0
     v: int = PROTOCOL_VERSION
+    # What running the pack's chunks cost on its node (see ChunkResult.cost_s).
+    cost_s: float = 0.0
 
     @property
     def last(self) -> int:

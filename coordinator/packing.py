@@ -2,14 +2,15 @@
 
 A message costs the same whether its chunk runs for a microsecond or a minute, so a job of
 tiny chunks is bound by the per-message cost. With `chunks_per_message` at 0 (auto, the
-default) a job's first chunks go one per message, at most two per lease (and 32) submitted
-at a time, until results show how long a chunk runs (the shortest seen: the first chunks
-also wait for their executor). Chunks that run under `TINY_CHUNK_S` then go in packs
-(`ChunkPack`) of about `TARGET_PACK_S` of work, of contiguous chunks, at most
-`PACK_INPUT_BYTES` of input; once two rounds of results show longer chunks, they keep one
-message each with the full window: a pack runs on one lease, one chunk after another, and
-long chunks spread over the leases finish sooner. 1 turns packing off; N >= 2 packs up to N
-chunks from the start.
+default) a job's first chunks go one per message, one per lease (at least 32) submitted at a
+time, until results show how long a chunk runs: the shortest run seen, in seconds of its
+executor thread (`cost_s`: not counting the wait for an executor, and wall time, so a chunk
+that sleeps or waits for I/O is never taken for a tiny one). Chunks that run under
+`TINY_CHUNK_S` then go in packs (`ChunkPack`) of about `TARGET_PACK_S` of work, of
+contiguous chunks, at most `PACK_INPUT_BYTES` of input. Once two rounds of results show
+longer chunks, they keep one message each with the full window: a pack runs on one lease,
+one chunk after another, and long chunks spread over the leases finish sooner. 1 turns
+packing off; N >= 2 packs up to N chunks from the start.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Packer:
         chunk_s = self.speed.chunk_s
         if chunk_s is not None and chunk_s < TINY_CHUNK_S:
             return None  # tiny: packed from now on
-        cap = max(PROBE_CHUNKS, 2 * leases)
+        cap = max(PROBE_CHUNKS, leases)
         # Two rounds of results, none tiny: the chunks are long, send them as they are.
         return None if self.speed.n_results >= 2 * cap else cap
 

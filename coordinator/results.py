@@ -59,14 +59,14 @@ class ResultsConsumer:
     on_failed: Callable[[ChunkResult], None] | None = attrs.field(default=None, kw_only=True)
     # No result for this long while the stream holds some for the job is a follower stall.
     stall_s: float = attrs.field(default=10.0, kw_only=True)
+    # How long the job's chunks run, from their results (packing.py reads it).
+    speed: ChunkSpeed = attrs.field(factory=ChunkSpeed, init=False)
     # `retry_failed`: stored failed results are set aside for a rerun until `replayed`,
     # not folded, so one pass over the stream both resumes the job and finds its failures.
     set_aside_failed: bool = attrs.field(default=False, kw_only=True)
     set_aside: set[int] = attrs.field(factory=set, init=False)
     # The packs that hold a failure set aside: `retry_failed` reopens them whole.
     set_aside_packs: set[Span] = attrs.field(factory=set, init=False)
-    # How long the job's chunks run, from their results (packing.py reads it).
-    speed: ChunkSpeed = attrs.field(factory=ChunkSpeed, init=False)
     n_ok: int = attrs.field(default=0, init=False)
     n_failed: int = attrs.field(default=0, init=False)
     duplicates: int = attrs.field(default=0, init=False)
@@ -162,7 +162,7 @@ class ResultsConsumer:
                     span if span[1] > span[0] else None,
                 )
             return
-        self.speed.observe(result.elapsed_s)
+        self.speed.observe(result.cost_s or result.elapsed_s)
         if result.ok and result.output_ref is not None:
             result = await self._fetch_output(result)
         self.add(result)
@@ -173,7 +173,7 @@ class ResultsConsumer:
             raise InvalidMessage(
                 "PackResult", f"chunks {pack.job}:{pack.first}-{pack.last} on another subject"
             )
-        self.speed.observe(pack.elapsed_s, len(pack.outputs))
+        self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
         for offset, output in enumerate(pack.outputs):
             if output is not None:
                 self._fold(pack.first + offset, output, pack.attempt, None)

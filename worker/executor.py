@@ -111,6 +111,7 @@ class Executor:
 
     def _run(self, frame: dict[str, Any]) -> None:
         task = frame["task"]
+        start = time.perf_counter()
         try:
             if "inputs" in frame:
                 output = self._run_pack(frame)
@@ -123,6 +124,7 @@ class Executor:
                     f"{MAX_OUTPUT_BYTES} bytes (the executor frame limit)",
                 )
             reply: dict[str, Any] = {"op": "done", "task": task, "ok": True, "output": output}
+            reply["cost_s"] = time.perf_counter() - start
         except Failure as exc:
             reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
             reply["error"] = str(exc)

@@ -65,8 +65,8 @@ class Running:
     # Monotonic time past which the chunk is killed, and its deadline in seconds.
     deadline: float = float("inf")
     timeout_s: float = 0.0
-    # What the work cost, as its executor measured it: the CPU seconds of its thread on a
-    # simulated GPU (its wall time there counts the other leases' threads), wall on a GPU.
+    # The seconds the work ran in its executor thread (no wait for the process to start or
+    # for the frame to be read): packing reads it.
     cost_s: float = 0.0
 
 

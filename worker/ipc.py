@@ -10,8 +10,8 @@ not unpickle anything such code could have written. Every frame is a map with an
 | `run` | agent | `task`, `kind`, `name`, `digest`, `args`, `input`, `slice_bytes`, |
 | | | `lease`, `attempt`, `job`, `index`, `resumed`; a pack has `inputs` (chunks |
 | | | `index`, `index + 1`, ...) instead of `input` |
-| `done` | executor | `task`, `ok`, `output` or `kind` + `error`; a pack's `output` is its |
-| | | outcomes (`pack_outcomes`) |
+| `done` | executor | `task`, `ok`, `output` and `cost_s` (the seconds the work ran in its |
+| | | thread), or `kind` + `error`; a pack's `output` is its outcomes (`pack_outcomes`) |
 | `checkpoint` | executor | `task`, `state` |
 | `checkpointed` | agent | `task`, `error` (None when stored) |
 """

@@ -89,7 +89,7 @@ class ChunkRunner:
         started_at = time.time()
         self.ledger.occupy(lease.lease_id)
         try:
-            output = await self._execute(spec, chunk, lease, attempt)
+            output, cost_s = await self._execute(spec, chunk, lease, attempt)
         finally:
             self.ledger.vacate(lease.lease_id)
         ref = None
@@ -106,6 +106,7 @@ class ChunkRunner:
             lease_id=lease.lease_id,
             started_at=started_at,
             elapsed_s=time.time() - started_at,
+            cost_s=cost_s,
         )
 
     async def run_pack(
@@ -130,7 +131,7 @@ class ChunkRunner:
         started_at = time.time()
         self.ledger.occupy(lease.lease_id)
         try:
-            outcomes = await self._execute_pack(spec, pack, lease, attempt)
+            outcomes, cost_s = await self._execute_pack(spec, pack, lease, attempt)
         finally:
             self.ledger.vacate(lease.lease_id)
         outputs: list[bytes | None] = []
@@ -162,12 +163,13 @@ class ChunkRunner:
             lease_id=lease.lease_id,
             started_at=started_at,
             elapsed_s=time.time() - started_at,
+            cost_s=cost_s,
         )
 
     async def _execute_pack(
         self, spec: JobSpec, pack: ChunkPack, lease: Lease, attempt: int
-    ) -> list[bytes | ChunkResult]:
-        """Each chunk's output, or its failed result."""
+    ) -> tuple[list[bytes | ChunkResult], float]:
+        """Each chunk's output, or its failed result; and what the pack cost."""
         work = await self.loader.work_of(spec)
         frame = {
             "args": dict(spec.args),
@@ -179,23 +181,24 @@ class ChunkRunner:
         }
         timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
         try:
-            packed = await self.pool.run(lease, work, frame, timeout_s)
+            packed, cost_s = await self.pool.run_costed(lease, work, frame, timeout_s)
             outcomes = ipc.unpack_outcomes(packed, len(pack.inputs))
         except (ChunkTimeout, ExecutorCrashed, ChunkFailed, ValueError) as exc:
-            log.info(
-                "pack runs again chunk by chunk job=%s first=%d: %s", pack.job, pack.first, exc
-            )
-            return [
+            log.info("pack runs chunk by chunk job=%s first=%d: %s", pack.job, pack.first, exc)
+            alone = [
                 await self._alone(spec, Chunk(pack.job, pack.first + i, data), lease, attempt)
                 for i, data in enumerate(pack.inputs)
             ]
+            return alone, 0.0
         now = time.time()
-        return [
-            out[1]  # type: ignore[misc]  # an ok outcome's output
-            if out[0]
-            else self._failed_outcome(spec, pack.first + i, out, attempt, lease, now)
-            for i, out in enumerate(outcomes)
-        ]
+        results: list[bytes | ChunkResult] = []
+        for i, out in enumerate(outcomes):
+            output = out[1]
+            if out[0] and isinstance(output, bytes):
+                results.append(output)
+            else:
+                results.append(self._failed_outcome(spec, pack.first + i, out, attempt, lease, now))
+        return results, cost_s
 
     async def _alone(
         self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
@@ -203,7 +206,7 @@ class ChunkRunner:
         """One chunk of a pack run on its own: its output, or its failed result."""
         started_at = time.time()
         try:
-            return await self._execute(spec, chunk, lease, attempt)
+            return (await self._execute(spec, chunk, lease, attempt))[0]
         except TransientError as exc:
             if attempt < spec.retry.max_deliver:
                 raise
@@ -228,7 +231,10 @@ class ChunkRunner:
         exc = ChunkFailed(kind, str(outcome[2]) if len(outcome) > 2 else "")
         return self.failed(spec.job_id, index, exc, attempt, lease.lease_id, started_at)
 
-    async def _execute(self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int) -> bytes:
+    async def _execute(
+        self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
+    ) -> tuple[bytes, float]:
+        """The chunk's output and what it cost (see `ExecutorPool.run_costed`)."""
         key = (spec.tenant, spec.job_id, chunk.index)
         work = await self.loader.work_of(spec)
         frame = {
@@ -249,7 +255,7 @@ class ChunkRunner:
         alone = key in self._suspects
         for _rerun in range(MAX_RERUNS + 1):
             try:
-                return await self.pool.run(lease, work, frame, timeout_s, save, alone=alone)
+                return await self.pool.run_costed(lease, work, frame, timeout_s, save, alone)
             except Bystander as exc:
                 log.info("chunk runs again job=%s index=%d: %s", key[1], key[2], exc)
             except Suspect as exc:
