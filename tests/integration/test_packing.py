@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 
-from tests.integration.conftest import AgentFactory, FabricFactory
-from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy
+from tests.helpers import eventually
+from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProcess
+from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
+from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy, encode
+from vramfabric.broker.messages import PackResult
+from vramfabric.broker.subjects import HEADER_MSG_ID
 from vramfabric.coordinator import ArgMin, Fold, Job
 
 
@@ -133,3 +140,82 @@ async def test_a_hanging_chunk_times_out_alone_and_its_pack_finishes(
     # Then only chunk 5 failed, as a timeout; its neighbours ran again alone and are in once
     assert [(f.index, f.error_kind) for f in result.failures] == [(5, ErrorKind.TIMEOUT)]
     assert result.value == Counter(i for i in range(10) if i != 5)
+
+
+async def test_forged_pack_results_fail_only_their_chunks_and_the_job_runs_on(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given a job packed 10 chunks to a message, whose first two pack subjects already hold
+    # forged results (garbage; a pack claiming fewer chunks than its subject), and a pack
+    # subject past any pack's length
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=10)
+    job = Job(square_loss, list(range(100)), retry=RetryPolicy(max_retries=0))
+    job_id = job.spec(fabric.settings).job_id
+    s = broker.subjects
+    short = PackResult(job=job_id, first=10, outputs=(b"x",) * 5)
+    for subject, data in [
+        (s.result("default", job_id, 0, 9), b"\xc1garbage"),
+        (s.result("default", job_id, 10, 19), encode(short)),
+        (s.result("default", job_id, 0, 5000), b"\xc1garbage"),
+    ]:
+        await conn.js.publish(subject, data)
+    # When it runs
+    result = await fabric.run(job, every_chunk_once(), slices=2, timeout_s=60)
+    # Then the 20 chunks whose subjects were taken failed, naming why; every other chunk is in
+    assert sorted(f.index for f in result.failures) == list(range(20))
+    assert {f.error_kind for f in result.failures} == {ErrorKind.INVALID_MESSAGE}
+    assert result.value == Counter(range(20, 100))
+    assert fabric.metrics.value("invalid_messages_total", subject="result") == 3
+
+
+async def test_a_garbage_pack_on_the_work_subject_fails_its_chunks(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given garbage published under the id of the job's first pack (so the real pack is
+    # taken for a duplicate of it)
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=10)
+    job = Job(square_loss, list(range(30)), retry=RetryPolicy(max_retries=0))
+    job_id = job.spec(fabric.settings).job_id
+    await conn.js.publish(
+        broker.subjects.work("default", job_id),
+        b"\xc1garbage",
+        headers={HEADER_MSG_ID: broker.subjects.chunk_msg_id(job_id, 0, 9)},
+    )
+    # When the job runs
+    result = await fabric.run(job, every_chunk_once(), slices=2, timeout_s=60)
+    # Then the pack's ten chunks failed as invalid, the rest ran, and the node counted it
+    assert sorted(f.index for f in result.failures) == list(range(10))
+    assert all("not msgpack" in (f.error or "") for f in result.failures)
+    assert result.value == Counter(range(10, 30))
+    assert agent.metrics.value("invalid_messages_total", subject="work") == 1
+
+
+async def test_a_pack_out_of_deliveries_is_recorded_exhausted_chunk_by_chunk(
+    fabric_factory: FabricFactory, worker_process: WorkerProcess, tmp_path: Path
+) -> None:
+    # Given a pack of 5 chunks, no retries, whose only worker freezes (SIGSTOP) inside it
+    proc = worker_process("frozen")
+    fabric = await fabric_factory(ack_wait_s=1.0, lease_ttl_s=30.0, chunks_per_message=5)
+    job = Job(
+        SLEEPY,
+        [sleepy_input(i) for i in range(5)],
+        args={"sleep_s": 0.5, "log_dir": str(tmp_path)},
+        retry=RetryPolicy(max_retries=0),
+    )
+    run = asyncio.create_task(fabric.run(job, ArgMin(), slices=1, timeout_s=30))
+    await eventually(lambda: executions(str(tmp_path)).get(0) == 1, timeout_s=15)
+    os.kill(proc.pid, signal.SIGSTOP)
+    # When its ack wait passes with no delivery left
+    result = await run
+    # Then each of its chunks has its own final result, exhausted, and the job ends
+    assert (result.n_ok, result.n_failed) == (0, 5)
+    assert sorted(f.index for f in result.failures) == list(range(5))
+    assert {f.error_kind for f in result.failures} == {ErrorKind.EXHAUSTED}
