@@ -336,7 +336,7 @@ def _add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
     add_metrics_port(p, "the workers': worker i on PORT+i", DEFAULT_WORKER_METRICS_PORT)
     p.set_defaults(handler=cmd_up)
-    from vramfabric.worker.__main__ import add_arguments
+    from vramfabric.worker.flags import add_arguments
 
     p = sub.add_parser("worker", help="run a node agent")
     add_arguments(p)

@@ -6,7 +6,6 @@ PR_SET_PDEATHSIG, so killing the parent, even with -9, leaves no process behind.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import select
@@ -106,6 +105,8 @@ class LocalFleet:
             return NatsServer(port=self.port).start()
         assert self._tenants is not None
         assert self._config_dir is not None
+        import asyncio
+
         from vramfabric.broker import auth
 
         config = Path(self._config_dir.name) / "server.json"

@@ -17,8 +17,9 @@ import attrs
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed
 from vramfabric.broker.settings import BrokerSettings, parse_size
 
+from .flags import add_arguments
 from .hardening import make_undumpable
-from .settings import DEFAULT_METRICS_PORT, WorkerSettings
+from .settings import WorkerSettings
 
 if TYPE_CHECKING:
     from vramfabric.broker.connection import Connection
@@ -34,55 +35,6 @@ RET_EXECUTORS = 5
 STOP_SLACK_S = 5.0
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 log = logging.getLogger(__name__)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags (shared with `vramfabric worker`)."""
-    parser.add_argument("--simulate", help="simulated GPUs instead of NVML, e.g. 4x48GiB")
-    parser.add_argument(
-        "--slice", dest="slice_size", help="slice granule, e.g. 512MiB (default 512MiB)"
-    )
-    parser.add_argument("--node", help="node name (default: host name + random suffix)")
-    parser.add_argument("--heartbeat-s", type=float, help="advert interval in seconds")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        nargs="?",
-        const=DEFAULT_METRICS_PORT,
-        help=f"serve Prometheus metrics on this port ({DEFAULT_METRICS_PORT} if no number; 0: any "
-        "free port, named on the ready line)",
-    )
-    parser.add_argument(
-        "--kernel-module",
-        action="append",
-        default=[],
-        help="import MODULE and register its KERNELS (repeatable)",
-    )
-    parser.add_argument(
-        "--allow-code",
-        action="store_true",
-        default=None,
-        help="run tenants' Python callables (code execution on this node: see operations.md)",
-    )
-    parser.add_argument(
-        "--isolation",
-        choices=("thread", "process"),
-        help="executor per GPU and tenant with a thread per lease (default), or per lease",
-    )
-    parser.add_argument(
-        "--chunk-timeout-s", type=float, help="deadline of a chunk whose job sets none"
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="exit 0 if this node's advert is fresh in KV, else 1"
-    )
-    parser.add_argument(
-        "--nodes",
-        type=int,
-        default=1,
-        help="simulated nodes side by side in this process, named NODE-0.. (needs --simulate)",
-    )
-    # Suppressed default: under `vramfabric -v worker` the top-level count must stand.
-    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
 
 
 def worker_settings(args: argparse.Namespace) -> WorkerSettings:
