@@ -6,7 +6,10 @@ Two ways to start one, each timed from the moment it is asked for:
   prints its ready line, then until a first job of one chunk (the built-in hyperparam_eval,
   through `Fabric.run` from this process: spec, lease, submit, execute, result, release) is
   done;
-- `fleet`: `LocalFleet().start()` in this process, until it returns, then the same job.
+- `fleet`: `LocalFleet().start()` in this process, until it returns, then the same job;
+- `worker`: one worker process (`python -m vramfabric.worker`, the same GPUs) against a
+  server already up, until it says ready: the part of the above that is one interpreter
+  starting and importing the agent.
 
 After that first job a second one runs on the now-warm fabric: the difference is what the
 first chunk pays for arriving at a worker whose executors are still starting. This process
@@ -93,6 +96,17 @@ def run_fleet(workers: int, simulate: str, run: str) -> dict[str, float]:
         fleet.stop()
 
 
+def run_worker(simulate: str) -> dict[str, float]:
+    """Time one worker process, its server already up, to its ready line."""
+    fleet = LocalFleet(workers=0, simulate=simulate).start()
+    try:
+        t0 = time.perf_counter()
+        fleet.add_worker("alone")
+        return {"ready_s": time.perf_counter() - t0}
+    finally:
+        fleet.stop()
+
+
 def medians(samples: list[dict[str, float]]) -> dict[str, float]:
     """Median of each figure over the runs."""
     return {k: round(statistics.median(s[k] for s in samples), 3) for k in samples[0]}
@@ -106,11 +120,12 @@ def main() -> None:
     parser.add_argument("--simulate", default="4x80GiB")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    samples: dict[str, list[dict[str, float]]] = {"up": [], "fleet": []}
+    samples: dict[str, list[dict[str, float]]] = {"up": [], "fleet": [], "worker": []}
     for _run in range(args.runs):
         tag = f"ready{time.time_ns()}"
         samples["up"].append(run_up(args.workers, args.simulate, f"{tag}u"))
         samples["fleet"].append(run_fleet(args.workers, args.simulate, f"{tag}f"))
+        samples["worker"].append(run_worker(args.simulate))
     out: dict[str, Any] = {
         "bench": "ready",
         "workers": args.workers,
