@@ -22,7 +22,7 @@ from vramfabric.broker.errors import (
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.worker.settings import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
+from vramfabric.worker.flags import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .exits import (
     RET_BROKEN_PIPE,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from .settings import DEFAULT_METRICS_PORT
+# The port `vramfabric worker --metrics-port` serves on when given no number (compose uses it).
+DEFAULT_METRICS_PORT = 9100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from vramfabric.broker.messages import Lease
 
-from .settings import DEFAULT_METRICS_PORT
+from .flags import DEFAULT_METRICS_PORT
 
 # The port `vramfabric worker --metrics-port` serves on when given no number (compose uses it).
 DEFAULT_PORT = DEFAULT_METRICS_PORT

@@ -15,8 +15,6 @@ from vramfabric.broker.subjects import token
 from .containment import UidRange
 
 ISOLATIONS = ("thread", "process")
-# The port `vramfabric worker --metrics-port` serves on when given no number (compose uses it).
-DEFAULT_METRICS_PORT = 9100
 
 
 def default_node_name() -> str:
