@@ -71,8 +71,8 @@ class ExecutorPool:
     _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
     # The spares started after a start-up that did not wait for them (see `probe`).
     _spares_in_turn: asyncio.Task[None] | None = attrs.field(default=None, init=False)
-    # Whether the built-in host kernels' prebuild has been started (`_prebuild`).
-    _prebuilt: bool = attrs.field(default=False, init=False)
+    # The prebuild was put off by work that came before the start-up's spares (`_spares`).
+    _prebuild_due: bool = attrs.field(default=False, init=False)
     _containment: Containment = attrs.field(init=False)
     layout: ExecutorLayout = attrs.field(init=False)
     room: ExecutorRoom = attrs.field(init=False)
@@ -237,8 +237,8 @@ class ExecutorPool:
         for gpu in self.gpus:
             if self._spare_wanted(gpu.index):
                 self._start_task(_spare_key(gpu.index))
-        if not self._prebuilt and self._idle():
-            self._prebuild()  # put off by work that came before the start-up's spares
+        if self._prebuild_due and self._idle():
+            self._prebuild()
 
     def _idle(self) -> bool:
         """Whether no chunk runs here and none has for a while (nor a lease was warmed)."""
@@ -406,6 +406,7 @@ class ExecutorPool:
             if not self._spare_wanted(gpu.index):
                 # Work came first: the prebuild (0.4 s of CPU even with nothing to build)
                 # waits for a quiet spell (keep_spares) rather than slow the first job.
+                self._prebuild_due = True
                 return
             try:
                 await asyncio.shield(self._start_task(_spare_key(gpu.index)))
@@ -416,7 +417,7 @@ class ExecutorPool:
     def _prebuild(self) -> None:
         # Simulated GPUs run registered CUDA on the host path. Started after the executors,
         # whose start it slowed down by a second on a 2-core machine.
-        self._prebuilt = True
+        self._prebuild_due = False
         if self.gpus[0].simulated and not self._closed:
             start_prebuild(self.settings.kernel_modules)
 
