@@ -177,6 +177,8 @@ class Vramfabric:
         self.fleet = fleet
         self.packed = packed
         self.name = "vramfabric" if packed else "vramfabric_unpacked"
+        # Seconds from the first lease asked for to the last released, per job size.
+        self.lease_spans: dict[int, list[float]] = {}
 
     async def start(self) -> None:
         """Start the workers if no other system did (the server is shared) and connect."""
@@ -200,6 +202,9 @@ class Vramfabric:
             job = Job(reference_loss, data, job_id=tag)
         result = await self.fabric.run(job, ArgMin())
         assert result.n_ok == len(data), f"{result.n_failed} chunks failed"
+        phases = result.phases_s
+        span = phases["acquire_s"] + phases["execute_s"] + phases["release_s"]
+        self.lease_spans.setdefault(len(data), []).append(span)
         return int(result.value[0])
 
     async def settle(self) -> None:
@@ -289,7 +294,8 @@ async def compare(sizes: list[int], rounds: int, jobs: int, with_ray: bool) -> l
         finally:
             for system in systems:
                 await system.stop()
-    return summary(times, ready_s, sizes, with_ray)
+    spans = {(s.name, n): v for s in systems for n, v in getattr(s, "lease_spans", {}).items()}
+    return summary(times, ready_s, sizes, with_ray, spans)
 
 
 async def alternate(
@@ -318,6 +324,7 @@ def summary(
     ready_s: dict[str, float],
     sizes: list[int],
     with_ray: bool,
+    spans: dict[tuple[str, int], list[float]],
 ) -> list[dict[str, Any]]:
     """One line per system and size (medians), then the ratios per size."""
     stamp = {
@@ -336,6 +343,11 @@ def summary(
                 "median_s": round(median, 4),
                 "chunks_per_s": round(n / median),
                 "ready_s": round(ready_s[name], 2),
+                **(
+                    {"lease_to_release_s": round(statistics.median(spans[(name, n)]), 4)}
+                    if (name, n) in spans
+                    else {}
+                ),
                 "samples": len(samples),
                 **stamp,
             }
