@@ -192,6 +192,7 @@ class Vramfabric:
     async def warm(self) -> None:
         """One job first: executors up on every lease, the function loaded."""
         await self.job(inputs(1000), f"warm{self.packed:d}")
+        self.lease_spans.clear()
         await self.settle()
 
     async def job(self, data: list[bytes], tag: str) -> int:
