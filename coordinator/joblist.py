@@ -20,9 +20,10 @@ from vramfabric.broker.errors import InvalidMessage, JobNotFound, nats_errors
 from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec, PackResult
 from vramfabric.broker.settings import BrokerSettings
 
-from .jobs import Span, result_spans
+from .jobs import Span
 from .record import read_key, read_record
 from .records import RecordReader, StoredRecord
+from .stored import result_spans
 
 # Results read per pull while counting a job's results.
 _SCAN_BATCH = 1000

@@ -26,7 +26,7 @@ from vramfabric.broker.settings import BrokerSettings
 from .aggregate import Aggregator
 from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
-from .jobs import Job, finished_chunks, publish_spec
+from .jobs import Job, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
 from .packing import Packer
@@ -34,6 +34,7 @@ from .record import RunRecord
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
+from .stored import finished_chunks
 from .submit import Submission, Window
 from .timeline import Point, Timeline
 

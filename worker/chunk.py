@@ -9,14 +9,11 @@ holds every chunk's outcome, and a transient failure delivers the pack again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import attrs
-import nats.errors
 from nats.aio.msg import Msg
 from prometheus_client import Counter, Histogram
 
@@ -32,7 +29,6 @@ from vramfabric.broker.errors import (
     ResultRefused,
     TransientError,
     VramfabricError,
-    from_nats,
     nats_errors,
 )
 from vramfabric.broker.messages import (
@@ -46,8 +42,10 @@ from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS, Subjects
 
+from .keepalive import KeepAlive, quiet
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
+from .pack_slot import PackRunner
 from .slot import ChunkRunner
 
 log = logging.getLogger(__name__)
@@ -71,10 +69,12 @@ class ChunkHandler:
     _submits: Counter = attrs.field(init=False)
     _submit_s: Histogram = attrs.field(init=False)
     _publish_retry: CallRetry = attrs.field(init=False)
+    _packs: PackRunner = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         """One keepalive for the job's running chunks; subject names and series bound once."""
         self.keepalive = KeepAlive(self.spec.ack_wait_s / 3)
+        self._packs = PackRunner(self.runner)
         self._subjects = self.broker.subjects
         self._submits = self.metrics.submit_total.labels(tenant=self.spec.tenant)
         self._submit_s = self.metrics.submit_seconds.labels(tenant=self.spec.tenant)
@@ -120,7 +120,7 @@ class ChunkHandler:
             if isinstance(chunk, Chunk):
                 result = await self.runner.run(self.spec, chunk, lease, attempt)
             else:
-                result = await self.runner.run_pack(self.spec, chunk, lease, attempt)
+                result = await self._packs.run(self.spec, chunk, lease, attempt)
             self._submit_s.observe(time.time() - started_at)
         except TransientError as exc:
             if attempt < self.spec.retry.max_deliver:
@@ -242,58 +242,6 @@ class ChunkHandler:
             duplicate = await self.acks.publish(subject, encode(result), headers)
         if duplicate:
             raise ResultAlreadyRecorded(subject)
-
-
-class KeepAlive:
-    """Sends `in_progress()` for chunks running longer than `interval_s`, every `interval_s`.
-
-    One timer for all the chunks of a job, armed while any runs: a chunk costs two dict
-    operations, and short chunks never send anything. A chunk's ack wait is at least
-    `3 * interval_s`; the longest gap between its in_progress calls is `2 * interval_s`.
-    """
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        # Running chunks by id (messages are not hashable), each with the loop time it
-        # started or last sent in_progress.
-        self._running: dict[int, tuple[Msg, float]] = {}
-        self._sending: set[asyncio.Task[None]] = set()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, msg: Msg) -> None:
-        """Keep `msg` alive from now until `discard(msg)`."""
-        loop = asyncio.get_running_loop()
-        self._running[id(msg)] = (msg, loop.time())
-        if self._timer is None:
-            self._timer = loop.call_later(self._interval_s, self._tick)
-
-    def discard(self, msg: Msg) -> None:
-        """Stop keeping `msg` alive."""
-        self._running.pop(id(msg), None)
-
-    def _tick(self) -> None:
-        self._timer = None
-        if not self._running:
-            return
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due = now - self._interval_s
-        for key, (msg, since) in self._running.items():
-            if since <= due:
-                self._running[key] = (msg, now)
-                # Held until done: the loop keeps only weak references to tasks.
-                sent = loop.create_task(quiet(msg.in_progress()))
-                self._sending.add(sent)
-                sent.add_done_callback(self._sending.discard)
-        self._timer = loop.call_later(self._interval_s, self._tick)
-
-
-async def quiet(coro: Any) -> None:
-    """Await a best-effort ack call (ack, nak, term, in_progress), logging its failure."""
-    try:
-        await coro
-    except (nats.errors.Error, TimeoutError) as exc:
-        log.debug("ack call failed error=%s", from_nats(exc))
 
 
 def _delivery(msg: Msg) -> tuple[int, int]:

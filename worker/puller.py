@@ -31,7 +31,8 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .chunk import ChunkHandler, quiet
+from .chunk import ChunkHandler
+from .keepalive import quiet
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .settings import WorkerSettings

@@ -25,13 +25,11 @@ from vramfabric.broker.errors import (
     ChunkTimeout,
     ErrorKind,
     ExecutorCrashed,
-    TransientError,
     VramfabricError,
 )
-from vramfabric.broker.messages import Chunk, ChunkPack, ChunkResult, JobSpec, Lease, PackResult
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
-from . import ipc
 from .executor_handle import Bystander, Suspect
 from .ledger import SliceLedger
 from .pool import ExecutorPool
@@ -47,8 +45,6 @@ _MAX_ERROR_CHARS = 2000
 MAX_SUSPECTS = 10_000
 # Times one delivery of a chunk is run again for others' sake before it gives up as crashed.
 MAX_RERUNS = 4
-# Inline outputs of one pack's result at most: with the rest it stays under the 1 MiB payload.
-PACK_INLINE_BYTES = 768 * 2**10
 
 
 @attrs.define
@@ -89,7 +85,7 @@ class ChunkRunner:
         started_at = time.time()
         self.ledger.occupy(lease.lease_id)
         try:
-            output, cost_s = await self._execute(spec, chunk, lease, attempt)
+            output, cost_s = await self.execute(spec, chunk, lease, attempt)
         finally:
             self.ledger.vacate(lease.lease_id)
         ref = None
@@ -109,129 +105,7 @@ class ChunkRunner:
             cost_s=cost_s,
         )
 
-    async def run_pack(
-        self, spec: JobSpec, pack: ChunkPack, lease: Lease, attempt: int
-    ) -> PackResult:
-        """Run a pack's chunks on the lease's slot, in one executor frame; each has its outcome.
-
-        A pack that runs past one chunk's deadline, or whose executor ends under it, runs
-        again here chunk by chunk, each under its own deadline: only a chunk that hangs or
-        crashes pays for it.
-
-        Raises:
-            CodeRefused: this node may not run the job's work.
-            TransientError: a chunk could not run on this delivery and has deliveries left
-                (the pack is delivered again, whole).
-        """
-        refused = refusal(
-            spec, self.settings.allow_code, self.simulated, self.policy.allows_code(spec.tenant)
-        )
-        if refused is not None:
-            raise refused
-        started_at = time.time()
-        self.ledger.occupy(lease.lease_id)
-        try:
-            outcomes, cost_s = await self._execute_pack(spec, pack, lease, attempt)
-        finally:
-            self.ledger.vacate(lease.lease_id)
-        outputs: list[bytes | None] = []
-        others: list[ChunkResult] = []
-        inline = 0
-        for offset, outcome in enumerate(outcomes):
-            index = pack.first + offset
-            if isinstance(outcome, ChunkResult):
-                outputs.append(None)
-                others.append(outcome)
-                continue
-            inline += len(outcome)
-            if len(outcome) <= self.settings.inline_output_bytes and inline <= PACK_INLINE_BYTES:
-                outputs.append(outcome)
-                continue
-            inline -= len(outcome)
-            ref = await self.store.put_output(spec.tenant, spec.job_id, index, outcome)
-            outputs.append(None)
-            others.append(
-                ChunkResult(job=spec.job_id, index=index, ok=True, output_ref=ref, attempt=attempt)
-            )
-        return PackResult(
-            job=spec.job_id,
-            first=pack.first,
-            outputs=tuple(outputs),
-            others=tuple(others),
-            attempt=attempt,
-            node=self.node,
-            lease_id=lease.lease_id,
-            started_at=started_at,
-            elapsed_s=time.time() - started_at,
-            cost_s=cost_s,
-        )
-
-    async def _execute_pack(
-        self, spec: JobSpec, pack: ChunkPack, lease: Lease, attempt: int
-    ) -> tuple[list[bytes | ChunkResult], float]:
-        """Each chunk's output, or its failed result; and what the pack cost."""
-        work = await self.loader.work_of(spec)
-        frame = {
-            "args": dict(spec.args),
-            "inputs": list(pack.inputs),
-            "attempt": attempt,
-            "job": spec.job_id,
-            "index": pack.first,
-            "resumed": None,
-        }
-        timeout_s = spec.timeout_s or self.settings.chunk_timeout_s
-        try:
-            packed, cost_s = await self.pool.run_costed(lease, work, frame, timeout_s)
-            outcomes = ipc.unpack_outcomes(packed, len(pack.inputs))
-        except (ChunkTimeout, ExecutorCrashed, ChunkFailed, ValueError) as exc:
-            log.info("pack runs chunk by chunk job=%s first=%d: %s", pack.job, pack.first, exc)
-            alone = [
-                await self._alone(spec, Chunk(pack.job, pack.first + i, data), lease, attempt)
-                for i, data in enumerate(pack.inputs)
-            ]
-            return alone, 0.0
-        now = time.time()
-        results: list[bytes | ChunkResult] = []
-        for i, out in enumerate(outcomes):
-            output = out[1]
-            if out[0] and isinstance(output, bytes):
-                results.append(output)
-            else:
-                results.append(self._failed_outcome(spec, pack.first + i, out, attempt, lease, now))
-        return results, cost_s
-
-    async def _alone(
-        self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
-    ) -> bytes | ChunkResult:
-        """One chunk of a pack run on its own: its output, or its failed result."""
-        started_at = time.time()
-        try:
-            return (await self._execute(spec, chunk, lease, attempt))[0]
-        except TransientError as exc:
-            if attempt < spec.retry.max_deliver:
-                raise
-            return self.failed(spec.job_id, chunk.index, exc, attempt, lease.lease_id, started_at)
-        except Exception as exc:  # recorded: the chunk's failed result names it
-            return self.failed(spec.job_id, chunk.index, exc, attempt, lease.lease_id, started_at)
-
-    def _failed_outcome(
-        self,
-        spec: JobSpec,
-        index: int,
-        outcome: ipc.Outcome,
-        attempt: int,
-        lease: Lease,
-        started_at: float,
-    ) -> ChunkResult:
-        """The failed result of one chunk of a pack, from its outcome."""
-        try:
-            kind = ErrorKind(str(outcome[1]))
-        except ValueError:
-            kind = ErrorKind.ERROR
-        exc = ChunkFailed(kind, str(outcome[2]) if len(outcome) > 2 else "")
-        return self.failed(spec.job_id, index, exc, attempt, lease.lease_id, started_at)
-
-    async def _execute(
+    async def execute(
         self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
     ) -> tuple[bytes, float]:
         """The chunk's output and what it cost (see `ExecutorPool.run_costed`)."""

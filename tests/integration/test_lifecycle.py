@@ -28,7 +28,7 @@ from vramfabric.broker import BrokerSettings
 from vramfabric.broker.errors import JobNotFound, JobTimeout
 from vramfabric.broker.messages import JobSpec
 from vramfabric.coordinator import ArgMin, Job, JobResult, joblist, lifecycle
-from vramfabric.coordinator.jobs import finished_chunks
+from vramfabric.coordinator.stored import finished_chunks
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels.hyperparam import search_space
 
