@@ -28,8 +28,12 @@ from .work import refusal
 
 log = logging.getLogger(__name__)
 
-# Inline outputs of one pack's result at most: with the rest it stays under the 1 MiB payload.
-PACK_INLINE_BYTES = 768 * 2**10
+# A pack's result stays this far under the server's 1 MiB payload: outputs that would take it
+# past go to the outputs store, and its failures' messages share PACK_ERROR_CHARS (each keeps
+# at least PACK_ERROR_CHARS_MIN).
+PACK_RESULT_BYTES = 900 * 2**10
+PACK_ERROR_CHARS = 256 * 2**10
+PACK_ERROR_CHARS_MIN = 160
 
 
 @attrs.define
@@ -61,31 +65,34 @@ class PackRunner:
             outcomes, cost_s = await self._execute(spec, pack, lease, attempt)
         finally:
             self.runner.ledger.vacate(lease.lease_id)
+        # The failures first: what they take of the result's payload, the outputs may not.
+        failed = [o for o in outcomes if isinstance(o, ChunkResult)]
+        error_chars = max(PACK_ERROR_CHARS_MIN, PACK_ERROR_CHARS // max(1, len(failed)))
+        others = {r.index: _shortened(r, error_chars) for r in failed}
+        budget = PACK_RESULT_BYTES - sum(len(r.error or "") + 256 for r in others.values())
         outputs: list[bytes | None] = []
-        others: list[ChunkResult] = []
-        inline = 0
         for offset, outcome in enumerate(outcomes):
             index = pack.first + offset
             if isinstance(outcome, ChunkResult):
                 outputs.append(None)
-                others.append(outcome)
                 continue
-            inline += len(outcome)
             small = len(outcome) <= self.runner.settings.inline_output_bytes
-            if small and inline <= PACK_INLINE_BYTES:
+            if small and len(outcome) + 16 <= budget:
+                budget -= len(outcome) + 16
                 outputs.append(outcome)
                 continue
-            inline -= len(outcome)
+            # Too large to travel here: the outputs store, as a single chunk's would.
             ref = await self.runner.store.put_output(spec.tenant, spec.job_id, index, outcome)
             outputs.append(None)
-            others.append(
-                ChunkResult(job=spec.job_id, index=index, ok=True, output_ref=ref, attempt=attempt)
+            budget -= 256
+            others[index] = ChunkResult(
+                job=spec.job_id, index=index, ok=True, output_ref=ref, attempt=attempt
             )
         return PackResult(
             job=spec.job_id,
             first=pack.first,
             outputs=tuple(outputs),
-            others=tuple(others),
+            others=tuple(others.values()),
             attempt=attempt,
             node=self.runner.node,
             lease_id=lease.lease_id,
@@ -161,3 +168,11 @@ class PackRunner:
             kind = ErrorKind.ERROR
         exc = ChunkFailed(kind, str(outcome[2]) if len(outcome) > 2 else "")
         return self.runner.failed(spec.job_id, index, exc, attempt, lease.lease_id, started_at)
+
+
+def _shortened(result: ChunkResult, max_chars: int) -> ChunkResult:
+    """The result with its error message cut to `max_chars` (its end, where the cause is)."""
+    error = result.error or ""
+    if len(error) <= max_chars:
+        return result
+    return attrs.evolve(result, error="..." + error[-(max_chars - 3) :])

@@ -14,7 +14,7 @@ from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy, encode
 from vramfabric.broker.messages import PackResult
 from vramfabric.broker.subjects import HEADER_MSG_ID
-from vramfabric.coordinator import ArgMin, Fold, Job
+from vramfabric.coordinator import ArgMin, Fold, Gather, Job
 
 
 def square_loss(x: int) -> float:
@@ -219,3 +219,31 @@ async def test_a_pack_out_of_deliveries_is_recorded_exhausted_chunk_by_chunk(
     assert (result.n_ok, result.n_failed) == (0, 5)
     assert sorted(f.index for f in result.failures) == list(range(5))
     assert {f.error_kind for f in result.failures} == {ErrorKind.EXHAUSTED}
+
+
+def fails_at_length(x: int) -> bytes:
+    """Odd inputs fail with a 5,000-character message; even ones return 2,000 bytes."""
+    if x % 2:
+        raise ValueError("x" * 5000 + f" in chunk {x}")
+    return bytes([x % 256]) * 2000
+
+
+async def test_a_pack_of_long_failures_and_outputs_still_fits_its_message(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given one pack of 1,000 chunks whose failures and outputs together are 3.5 MB, over the
+    # server's 1 MiB payload
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=1000)
+    job = Job(fails_at_length, list(range(1000)), retry=RetryPolicy(max_retries=0))
+    # When it runs
+    result = await fabric.run(job, every_chunk_once(), slices=1, timeout_s=60)
+    # Then every chunk has its own result: each odd one failed naming its chunk (the message
+    # cut, its end kept), each even one's output came back whole (through the outputs store
+    # when the pack's message had no room)
+    assert (result.n_ok, result.n_failed) == (500, 500)
+    assert all(f.error_kind is ErrorKind.ERROR for f in result.failures)
+    assert all((f.error or "").endswith(f" in chunk {f.index}") for f in result.failures)
+    assert result.value == Counter(range(0, 1000, 2))
+    outputs = await fabric.run(job, Gather(), slices=1, timeout_s=60)  # a resume: replayed
+    assert all(outputs.value[i] == bytes([i % 256]) * 2000 for i in range(0, 1000, 2))
