@@ -15,6 +15,7 @@ from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy
 from vramfabric.broker.messages import PackResult
 from vramfabric.broker.subjects import HEADER_MSG_ID
 from vramfabric.coordinator import ArgMin, Fold, Gather, Job
+from vramfabric.coordinator.joblist import count_results, inspect
 
 
 def square_loss(x: int) -> float:
@@ -83,6 +84,10 @@ async def test_tiny_chunks_travel_packed_and_each_is_folded_once(
     assert packs and len(subjects) < 3000 // 4
     covered = sum(int(s.split(".")[-1]) - int(s.split(".")[-2]) + 1 for s in packs)
     assert covered + len(subjects) - len(packs) == 3000
+    # And `jobs` counts every chunk's result, and `job ID` reads each one's outcome
+    assert await count_results(conn, broker, "default", result.job_id) == 3000
+    info = await inspect(conn, broker, "default", result.job_id)
+    assert (info.n_ok, info.n_failed) == (3000, 0)
     # And a second run (a resume) folds each stored result exactly once, from the stream
     again = await fabric.run(job, every_chunk_once(), slices=4)
     assert again.resumed == 3000
