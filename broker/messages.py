@@ -82,6 +82,9 @@ class NodeAdvert:
     # How its executors are kept apart: "uid-per-tenant" or "shared-uid" (worker/containment.py).
     containment: str = ""
     v: int = PROTOCOL_VERSION
+    # Whether it runs packed chunks (ChunkPack): a coordinator packs a job's chunks only while
+    # every node holding its leases does, since a worker of an older version drops a pack.
+    packs: bool = False
 
     @property
     def simulated(self) -> bool:

@@ -148,7 +148,7 @@ class JobRun:
             retried,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
-            Packer(self.settings.chunks_per_message, self.results.speed),
+            Packer(self.settings.chunks_per_message, self.results.speed, self._packable),
             lambda: len(self.pool),
             rerun=uuid.uuid4().hex[:8] if retried else "",
         )
@@ -184,6 +184,11 @@ class JobRun:
             submission.n_submitted,
             n,
         )
+
+    def _packable(self) -> bool:
+        """Whether every node holding the job's leases runs packed chunks."""
+        adverts = self.fleet.adverts
+        return all(n in adverts and adverts[n].packs for n in self.pool.by_node())
 
     async def _lease(self, target: int, min_slices: int) -> None:
         """Create the job's consumer, lease slices and start growing the pool.

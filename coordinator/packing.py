@@ -15,7 +15,7 @@ packing off; N >= 2 packs up to N chunks from the start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -56,6 +56,8 @@ class Packer:
     # 0: auto; 1: one chunk per message; N: up to N chunks per message.
     chunks_per_message: int
     speed: ChunkSpeed
+    # Whether every node that may take the job's chunks runs packs (NodeAdvert.packs).
+    packable: Callable[[], bool] = lambda: True
 
     def __attrs_post_init__(self) -> None:
         """Refuse a negative setting."""
@@ -75,6 +77,8 @@ class Packer:
 
     def pack_size(self) -> int:
         """Chunks per message now."""
+        if self.chunks_per_message == 1 or not self.packable():
+            return 1
         if self.chunks_per_message:
             return min(self.chunks_per_message, MAX_PACK_CHUNKS)
         chunk_s = self.speed.chunk_s

@@ -147,6 +147,7 @@ class Agent:
                 "python": python_version(),
                 "allow_code": self.settings.allow_code,
                 "containment": self.executors.containment,
+                "packs": True,
             },
             live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
         )

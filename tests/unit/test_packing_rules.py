@@ -1,0 +1,65 @@
+"""How the packer cuts a batch of chunks into messages, from what results said."""
+
+from __future__ import annotations
+
+from vramfabric.coordinator.packing import (
+    PACK_INPUT_BYTES,
+    PROBE_CHUNKS,
+    ChunkSpeed,
+    Packer,
+)
+
+
+def inputs(n: int, size: int = 12) -> dict[int, bytes]:
+    """`n` chunk inputs of `size` bytes."""
+    return {i: b"x" * size for i in range(n)}
+
+
+def test_auto_sends_chunks_alone_until_a_result_shows_them_tiny() -> None:
+    # Given auto packing and no result yet
+    speed = ChunkSpeed()
+    packer = Packer(0, speed)
+    # Then chunks go one per message, at most one per lease (and 32) in flight
+    assert packer.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
+    assert packer.throttle(leases=8) == PROBE_CHUNKS
+    assert packer.throttle(leases=500) == 500
+    # When a result says a chunk ran 0.2 ms (its executor's wall time)
+    speed.observe(0.0002)
+    # Then contiguous chunks go in packs of about 20 ms of work, with nothing held back
+    assert packer.throttle(leases=500) is None
+    assert packer.spans(list(range(250)), inputs(250)) == [(0, 99), (100, 199), (200, 249)]
+
+
+def test_long_chunks_keep_a_message_each_and_get_the_whole_window() -> None:
+    # Given auto packing and results of 50 ms chunks
+    speed = ChunkSpeed()
+    packer = Packer(0, speed)
+    for _ in range(2 * PROBE_CHUNKS - 1):
+        speed.observe(0.05)
+    assert packer.throttle(leases=4) == PROBE_CHUNKS  # still deciding
+    speed.observe(0.05)
+    # Then after two rounds of results the window opens, and nothing is packed
+    assert packer.throttle(leases=4) is None
+    assert packer.spans([0, 1], inputs(2)) == [(0, 0), (1, 1)]
+
+
+def test_a_pack_of_many_results_counts_per_chunk_and_the_shortest_wins() -> None:
+    speed = ChunkSpeed()
+    speed.observe(0.5, n_chunks=1000)  # a pack: 0.5 ms a chunk
+    speed.observe(0.2)  # a slower chunk: the shortest seen is the speed
+    speed.observe(0.0)  # a coordinator's own result (exhausted): not a run
+    assert speed.chunk_s == 0.0005 and speed.n_results == 2
+
+
+def test_packs_stop_at_gaps_bytes_and_nodes_that_cannot_run_them() -> None:
+    # Given fixed packs of up to 4
+    packer = Packer(4, ChunkSpeed())
+    # Then a gap (a chunk with a result already) ends a pack, and so does the byte limit
+    assert packer.spans([0, 1, 3, 4, 5, 6, 7], inputs(8)) == [(0, 1), (3, 6), (7, 7)]
+    big = {i: b"x" * (PACK_INPUT_BYTES // 2) for i in range(4)}
+    assert packer.spans([0, 1, 2, 3], big) == [(0, 1), (2, 3)]
+    # And a fleet where some node cannot run packs gets single chunks
+    cannot = Packer(4, ChunkSpeed(), packable=lambda: False)
+    assert cannot.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
+    # And 1 never packs
+    assert Packer(1, ChunkSpeed()).spans([0, 1], inputs(2)) == [(0, 0), (1, 1)]
