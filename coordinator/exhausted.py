@@ -24,7 +24,8 @@ from vramfabric.broker.errors import (
     TransientError,
     VramfabricError,
 )
-from vramfabric.broker.messages import Chunk, ChunkPack, ChunkResult, JobSpec, PackResult
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec
+from vramfabric.broker.packs import ChunkPack, PackResult
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS, Subjects
 

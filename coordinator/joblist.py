@@ -17,7 +17,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, JobNotFound, nats_errors
-from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec, PackResult
+from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec
+from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
 from .jobs import Span

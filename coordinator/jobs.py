@@ -27,7 +27,8 @@ from vramfabric.broker.errors import (
     from_nats,
     nats_errors,
 )
-from vramfabric.broker.messages import Chunk, ChunkPack, JobSpec
+from vramfabric.broker.messages import Chunk, JobSpec
+from vramfabric.broker.packs import ChunkPack
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID

@@ -22,7 +22,8 @@ from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
-from vramfabric.broker.messages import ChunkResult, JobSpec, PackResult
+from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
 from .aggregate import Aggregator

@@ -20,7 +20,8 @@ from vramfabric.broker.errors import (
     ExecutorCrashed,
     TransientError,
 )
-from vramfabric.broker.messages import Chunk, ChunkPack, ChunkResult, JobSpec, Lease, PackResult
+from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
+from vramfabric.broker.packs import ChunkPack, PackResult
 
 from . import ipc
 from .slot import ChunkRunner

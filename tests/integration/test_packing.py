@@ -12,7 +12,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProcess
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy, encode
-from vramfabric.broker.messages import PackResult
+from vramfabric.broker.packs import PackResult
 from vramfabric.broker.subjects import HEADER_MSG_ID
 from vramfabric.coordinator import ArgMin, Fold, Gather, Job
 from vramfabric.coordinator.joblist import count_results, inspect
