@@ -166,18 +166,9 @@ class Executor:
     def _context(self, frame: dict[str, Any]) -> Context:
         task = frame["task"]
         resumed = frame.get("resumed")
-        if "inputs" in frame:
-            # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
-            # are not kept (one KV write per tiny chunk would cost more than the chunk).
-            return Context(
-                device=self.runner.gpu,
-                slice_bytes=frame["slice_bytes"],
-                xp=self.runner.xp,
-                attempt=frame["attempt"],
-                job=frame["job"],
-                index=frame["index"],
-                save=lambda _state: None,
-            )
+        # A packed chunk is short and a redelivered pack starts afresh: its checkpoints are
+        # not kept (one KV write per tiny chunk would cost more than the chunk).
+        packed = "inputs" in frame
         return Context(
             device=self.runner.gpu,
             slice_bytes=frame["slice_bytes"],
@@ -185,8 +176,8 @@ class Executor:
             attempt=frame["attempt"],
             job=frame["job"],
             index=frame["index"],
-            resumed=None if resumed is None else pickle.loads(resumed),
-            save=lambda state: self._checkpoint(task, state),
+            resumed=None if packed or resumed is None else pickle.loads(resumed),
+            save=_discard if packed else lambda state: self._checkpoint(task, state),
         )
 
     def _checkpoint(self, task: int, state: bytes) -> None:
@@ -204,6 +195,10 @@ class Executor:
                 raise RuntimeError(f"checkpoint not stored: {waiter[1][0]}")
         finally:
             del self._checkpoints[task]
+
+
+def _discard(_state: bytes) -> None:
+    """A packed chunk's checkpoint: not stored."""
 
 
 def _prestart(pool: concurrent.futures.ThreadPoolExecutor, n: int) -> None:

@@ -7,6 +7,9 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+from nats.js.errors import NotFoundError
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProcess
@@ -252,3 +255,34 @@ async def test_a_pack_of_long_failures_and_outputs_still_fits_its_message(
     assert result.value == Counter(range(0, 1000, 2))
     outputs = await fabric.run(job, Gather(), slices=1, timeout_s=60)  # a resume: replayed
     assert all(outputs.value[i] == bytes([i % 256]) * 2000 for i in range(0, 1000, 2))
+
+
+def checkpoints_then_doubles(x: int, ctx: Any) -> int:
+    """Checkpoints its state once, then returns twice its input."""
+    ctx.checkpoint({"seen": x})
+    return 2 * x
+
+
+async def test_a_packed_chunk_may_checkpoint_and_nothing_is_stored(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given a packed job of a function that checkpoints
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=25)
+    # When it runs
+    result = await fabric.run(Job(checkpoints_then_doubles, list(range(100))), Gather())
+    # Then every chunk ran (its checkpoint call returned) and no checkpoint was written
+    assert result.value == [2 * i for i in range(100)]
+    s = broker.subjects
+    bucket = s.checkpoints_bucket()
+    try:
+        info = await conn.js.stream_info(
+            s.kv_stream(bucket), subjects_filter=s.kv_job_filter(bucket, "default", result.job_id)
+        )
+        stored = len(info.state.subjects or {})
+    except NotFoundError:  # the bucket was never made: nothing was ever stored
+        stored = 0
+    assert stored == 0
