@@ -29,7 +29,7 @@ TINY_CHUNK_S = 0.005
 TARGET_PACK_S = 0.02
 # A pack's inputs at most (its message stays far below the server's 1 MiB payload).
 PACK_INPUT_BYTES = 256 * 2**10
-# Auto: chunks in flight while a job's chunk speed is not known, at least (else 2 per lease).
+# Auto: chunks in flight while a job's chunk speed is not known: one per lease, at least this.
 PROBE_CHUNKS = 32
 
 
