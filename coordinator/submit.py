@@ -102,7 +102,7 @@ class Submission:
     # Awaited once, before the first chunk is published (leasing, the job's consumer).
     before_first: Callable[[], Awaitable[None]]
     packer: Packer
-    # How many leases the job holds now (the packer's probe sends two chunks per lease).
+    # How many leases the job holds now (the packer's probe sends one chunk per lease).
     leases: Callable[[], int]
     rerun: str = ""
     n_submitted: int = attrs.field(default=0, init=False)
@@ -162,17 +162,14 @@ class Submission:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Publish the batch, awaiting its PubAcks (chunks again after a failure: new ids)."""
+        """Publish the batch, packed as the packer says, and await its PubAcks."""
         if not self._batch:
             return
         if self._acks is None:
             await self.before_first()
             self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
-        await self._publish(batch, list(batch))
-
-    async def _publish(self, batch: dict[int, bytes], indices: list[int]) -> None:
-        """Publish these chunks of the batch, packed as the packer says."""
+        indices = list(batch)
         again = [i for i in indices if i in self.retried]
         plain = [i for i in indices if i not in self.retried] if again else indices
         for chunks, rerun in ((plain, ""), (again, self.rerun)):
