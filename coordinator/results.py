@@ -163,7 +163,8 @@ class ResultsConsumer:
                     span if span[1] > span[0] else None,
                 )
             return
-        self.speed.observe(result.cost_s or result.elapsed_s)
+        if result.ok:  # a chunk that failed at once says nothing of how long the others run
+            self.speed.observe(result.cost_s or result.elapsed_s)
         if result.ok and result.output_ref is not None:
             result = await self._fetch_output(result)
         self.add(result)
@@ -174,7 +175,8 @@ class ResultsConsumer:
             raise InvalidMessage(
                 "PackResult", f"chunks {pack.job}:{pack.first}-{pack.last} on another subject"
             )
-        self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
+        if any(out is not None for out in pack.outputs):
+            self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
         for offset, output in enumerate(pack.outputs):
             if output is not None:
                 self._fold(pack.first + offset, output, pack.attempt, None)

@@ -286,3 +286,31 @@ async def test_a_packed_chunk_may_checkpoint_and_nothing_is_stored(
     except NotFoundError:  # the bucket was never made: nothing was ever stored
         stored = 0
     assert stored == 0
+
+
+def fails_first_then_slow(x: int) -> int:
+    """The first 40 inputs fail at once; the others take 50 ms."""
+    if x < 40:
+        raise ValueError("not this one")
+    import time
+
+    time.sleep(0.05)  # stands in for a chunk's real work
+    return x
+
+
+async def test_chunks_that_fail_at_once_do_not_make_slow_ones_look_tiny(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given auto packing and a job whose first chunks all fail at once, the rest run 50 ms
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory()
+    job = Job(fails_first_then_slow, list(range(80)), retry=RetryPolicy(max_retries=0))
+    # When it runs
+    result = await fabric.run(job, every_chunk_once(), timeout_s=60)
+    # Then the slow chunks were not packed (a pack runs its chunks one after another)
+    assert (result.n_ok, result.n_failed) == (40, 40)
+    subjects = await result_subjects(conn, broker, result.job_id)
+    assert len(subjects) == 80 and all(s.count(".") == 4 for s in subjects)
