@@ -7,7 +7,9 @@ time, until results show how long a chunk runs: the shortest run seen, in second
 executor thread (`cost_s`: not counting the wait for an executor, and wall time, so a chunk
 that sleeps or waits for I/O is never taken for a tiny one). Chunks that run under
 `TINY_CHUNK_S` then go in packs (`ChunkPack`) of about `TARGET_PACK_S` of work, of
-contiguous chunks, at most `PACK_INPUT_BYTES` of input. Once two rounds of results show
+contiguous chunks, at most `PACK_INPUT_BYTES` of input, and never more chunks than
+`MAX_PACK_S` of the slowest chunk seen. Only successful results count: a chunk that fails at
+once says nothing of how long the others run. Once two rounds of results show
 longer chunks, they keep one message each with the full window: a pack runs on one lease,
 one chunk after another, and long chunks spread over the leases finish sooner. 1 turns
 packing off; N >= 2 packs up to N chunks from the start.
@@ -25,8 +27,11 @@ from .jobs import Span
 
 # Chunks that run shorter than this (as results report them) are packed.
 TINY_CHUNK_S = 0.005
-# A pack holds about this much work, so that the leases' load stays even.
+# A pack holds about this much work, so that the leases' load stays even ...
 TARGET_PACK_S = 0.02
+# ... and never more chunks than this many seconds of the slowest chunk seen: a job of mostly
+# tiny chunks and a few long ones (early stopping) does not line long ones up in a pack.
+MAX_PACK_S = 1.0
 # A pack's inputs at most (its message stays far below the server's 1 MiB payload).
 PACK_INPUT_BYTES = 256 * 2**10
 # Auto: chunks in flight while a job's chunk speed is not known: one per lease, at least this.
@@ -38,6 +43,8 @@ class ChunkSpeed:
     """How long a job's chunks run, as its results report it: the shortest seen per chunk."""
 
     chunk_s: float | None = None
+    # The longest a chunk took (a pack's average for its chunks).
+    slowest_s: float = 0.0
     n_results: int = 0
 
     def observe(self, elapsed_s: float, n_chunks: int = 1) -> None:
@@ -47,6 +54,7 @@ class ChunkSpeed:
         each = elapsed_s / n_chunks
         self.n_results += 1
         self.chunk_s = each if self.chunk_s is None else min(self.chunk_s, each)
+        self.slowest_s = max(self.slowest_s, each)
 
 
 @attrs.define
@@ -84,7 +92,8 @@ class Packer:
         chunk_s = self.speed.chunk_s
         if chunk_s is None or chunk_s >= TINY_CHUNK_S:
             return 1
-        return max(1, min(MAX_PACK_CHUNKS, int(TARGET_PACK_S / max(chunk_s, 1e-6))))
+        size = min(MAX_PACK_CHUNKS, TARGET_PACK_S / max(chunk_s, 1e-6))
+        return max(1, int(min(size, MAX_PACK_S / max(self.speed.slowest_s, 1e-6))))
 
     def spans(self, indices: list[int], inputs: Mapping[int, bytes]) -> list[Span]:
         """The batch's chunks (in order) as messages: runs of contiguous chunks, or one each."""

@@ -63,3 +63,17 @@ def test_packs_stop_at_gaps_bytes_and_nodes_that_cannot_run_them() -> None:
     assert cannot.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
     # And 1 never packs
     assert Packer(1, ChunkSpeed()).spans([0, 1], inputs(2)) == [(0, 0), (1, 1)]
+
+
+def test_a_slow_chunk_seen_keeps_packs_to_a_second_of_it() -> None:
+    # Given tiny chunks (0.2 ms) and one that took 100 ms (early stopping spared the others)
+    speed = ChunkSpeed()
+    packer = Packer(0, speed)
+    speed.observe(0.0002)
+    assert packer.pack_size() == 100
+    speed.observe(0.1)
+    # Then a pack holds at most a second of that chunk: 10 chunks
+    assert packer.pack_size() == 10
+    # And after a 2 s chunk, none are packed
+    speed.observe(2.0)
+    assert packer.pack_size() == 1
