@@ -6,6 +6,7 @@ k = 10                          # for aggregate = "topk"
 slices = 1000                   # leases to ask for (default: one per chunk, capped)
 job_id = ""                     # optional; default is the hash of the spec
 timeout_s = 600                 # optional: each chunk's deadline (default: the worker's)
+chunks_per_message = 0          # optional: 0 packs tiny chunks (auto), 1 never, N up to N
 output_dir = "out"              # for aggregate = "collect"
 kernel_modules = ["mypkg.k"]    # modules whose KERNELS are registered too
 [inputs]
@@ -41,6 +42,7 @@ from typing import Any
 
 import attrs
 
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 from vramfabric.kernels import (
     ArgSpec,
     CudaKernel,
@@ -101,6 +103,16 @@ def load(path: str | Path) -> JobFile:
         not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0
     ):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    per_message = doc.get("chunks_per_message")
+    if per_message is not None and (
+        not isinstance(per_message, int)
+        or isinstance(per_message, bool)
+        or not 0 <= per_message <= MAX_PACK_CHUNKS
+    ):
+        raise ValueError(
+            f"chunks_per_message must be an integer from 0 to {MAX_PACK_CHUNKS}, "
+            f"got {per_message!r}"
+        )
     args = doc.get("args", {})
     if not isinstance(args, dict):
         raise ValueError(f"args must be a table ([args]), got {args!r}")
@@ -111,6 +123,7 @@ def load(path: str | Path) -> JobFile:
         args=args,
         job_id=str(doc.get("job_id", "")),
         timeout_s=None if timeout_s is None else float(timeout_s),
+        chunks_per_message=per_message,
     )
     return JobFile(job=job, aggregator=aggregator, slices=slices)
 

@@ -148,7 +148,7 @@ class JobRun:
             retried,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
-            Packer(self.settings.chunks_per_message, self.results.speed, self._packable),
+            Packer(self._chunks_per_message(), self.results.speed, self._packable),
             lambda: len(self.pool),
             rerun=uuid.uuid4().hex[:8] if retried else "",
         )
@@ -184,6 +184,11 @@ class JobRun:
             submission.n_submitted,
             n,
         )
+
+    def _chunks_per_message(self) -> int:
+        """The job's own packing setting, else the fabric's."""
+        own = self.job.chunks_per_message
+        return self.settings.chunks_per_message if own is None else own
 
     def _packable(self) -> bool:
         """Whether every node holding the job's leases runs packed chunks."""

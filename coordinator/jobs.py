@@ -31,7 +31,7 @@ from vramfabric.broker.messages import Chunk, JobSpec
 from vramfabric.broker.packs import ChunkPack
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import HEADER_MSG_ID
+from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
 
 from .settings import CoordinatorSettings
@@ -57,7 +57,9 @@ class Job:
     derive it from the work, args and inputs: the same job run twice is then a resume, not a
     duplicate. A generator can be read only once, so a job over one gets a fresh random id
     unless given a `job_id` (give one to make it resumable). `timeout_s` is each chunk's
-    deadline (default: the worker's).
+    deadline (default: the worker's). `chunks_per_message` overrides the fabric's setting
+    for this job (0 auto, 1 one chunk per message, N up to N: coordinator/packing.py); it
+    is not part of the job id.
     """
 
     kernel: Work
@@ -67,6 +69,12 @@ class Job:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     timeout_s: float | None = None
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    chunks_per_message: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(
+            [attrs.validators.ge(0), attrs.validators.le(MAX_PACK_CHUNKS)]
+        ),
+    )
     work: JobWork = attrs.field(init=False)
     # The inputs digest of a sized job by input limit, computed once (a pass over the inputs).
     _digests: dict[int, str] = attrs.field(factory=dict, init=False, repr=False, eq=False)

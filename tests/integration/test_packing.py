@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nats.js.errors import NotFoundError
 
 from tests.helpers import eventually
@@ -314,3 +315,22 @@ async def test_chunks_that_fail_at_once_do_not_make_slow_ones_look_tiny(
     assert (result.n_ok, result.n_failed) == (40, 40)
     subjects = await result_subjects(conn, broker, result.job_id)
     assert len(subjects) == 80 and all(s.count(".") == 4 for s in subjects)
+
+
+async def test_a_job_may_turn_packing_off_on_a_fabric_that_packs(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given a fabric that packs 10 chunks to a message
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory(chunks_per_message=10)
+    # When a job of it says one chunk per message
+    result = await fabric.run(Job(square_loss, list(range(50)), chunks_per_message=1), ArgMin())
+    # Then each chunk travelled alone, and the job is the same job (its id ignores the knob)
+    subjects = await result_subjects(conn, broker, result.job_id)
+    assert len(subjects) == 50 and all(s.count(".") == 4 for s in subjects)
+    assert result.job_id == Job(square_loss, list(range(50))).spec(fabric.settings).job_id
+    with pytest.raises(ValueError, match="chunks_per_message"):
+        Job(square_loss, [1], chunks_per_message=-1)

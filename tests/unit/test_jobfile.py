@@ -147,3 +147,16 @@ def test_bad_cuda_job_files_name_the_key(
 def test_a_job_needs_a_kernel_or_a_cuda_table(tmp_path: Path, toml: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load(job_dir(tmp_path, toml))
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "true", '"4"', "2.5"])
+def test_chunks_per_message_must_be_an_integer_in_range(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ValueError, match="chunks_per_message must be an integer from 0 to 1000"):
+        load(job_dir(tmp_path, f"chunks_per_message = {value}\n" + CUDA))
+
+
+def test_chunks_per_message_reaches_the_job(tmp_path: Path) -> None:
+    path = job_dir(tmp_path, "chunks_per_message = 1\n" + CUDA)
+    assert load(path).job.chunks_per_message == 1
+    path.write_text(CUDA)
+    assert load(path).job.chunks_per_message is None
