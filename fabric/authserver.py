@@ -67,7 +67,7 @@ class AuthServer:
         try:
             self._server.start()
             self._provision(file)
-        except BaseException:
+        except BaseException:  # re-raised: a half-started server is stopped first
             self.stop()
             raise
         return self

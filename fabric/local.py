@@ -94,7 +94,7 @@ class LocalFleet:
                 self.procs.append(self.spawn_worker(f"local-{i}"))
             for proc in self.procs:
                 self._wait_ready(proc, ready_timeout_s)
-        except BaseException:
+        except BaseException:  # re-raised: a half-started fleet is stopped first
             self.stop()
             raise
         return self

@@ -265,7 +265,7 @@ def connect(
     loop = LoopThread()
     try:
         core = loop.call(Fabric.connect(broker, settings))
-    except BaseException:
+    except BaseException:  # re-raised: the loop thread is stopped, not left behind
         loop.stop()
         raise
     fabric = SyncFabric(loop, core)

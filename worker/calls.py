@@ -160,7 +160,8 @@ class CallService:
         }
         runner.ledger.occupy(lease.lease_id)
         try:
-            return await runner.pool.run(lease, work, frame, req.timeout_s)
+            output, _cost_s = await runner.pool.run(lease, work, frame, req.timeout_s)
+            return output
         finally:
             runner.ledger.vacate(lease.lease_id)
 

@@ -128,7 +128,7 @@ class Executor:
         except Failure as exc:
             reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
             reply["error"] = str(exc)
-        except Exception as exc:
+        except Exception as exc:  # recorded: the chunk's `done` frame names it (or a CUDA exit)
             if is_cuda_error(exc):
                 # A CUDA error can leave the context unusable for every thread: report, then
                 # die, and the agent fails this process's other chunks and starts another.
@@ -156,7 +156,7 @@ class Executor:
                 outcomes.append((True, self.runner.execute(chunk, self._context(chunk))))
             except Failure as exc:
                 outcomes.append((False, exc.kind.value, str(exc)))
-            except Exception as exc:
+            except Exception as exc:  # recorded: this chunk's outcome names it
                 if is_cuda_error(exc):
                     raise  # the whole process is suspect: `_run` reports it and exits
                 # Unexpected exceptions in user code are permanent, for this chunk alone.

@@ -117,7 +117,7 @@ class PackRunner:
         }
         timeout_s = spec.timeout_s or self.runner.settings.chunk_timeout_s
         try:
-            packed, cost_s = await self.runner.pool.run_costed(lease, work, frame, timeout_s)
+            packed, cost_s = await self.runner.pool.run(lease, work, frame, timeout_s)
             outcomes = ipc.unpack_outcomes(packed, len(pack.inputs))
         except (ChunkTimeout, ExecutorCrashed, ChunkFailed, ValueError) as exc:
             log.info("pack runs chunk by chunk job=%s first=%d: %s", pack.job, pack.first, exc)

@@ -112,24 +112,10 @@ class ExecutorPool:
         timeout_s: float,
         save: SaveCheckpoint | None = None,
         alone: bool = False,
-    ) -> bytes:
-        """Run one chunk in the lease's executor (or one of its own); return its output.
-
-        Raises: as `run_costed`.
-        """
-        output, _cost_s = await self.run_costed(lease, work, frame, timeout_s, save, alone)
-        return output
-
-    async def run_costed(
-        self,
-        lease: Lease,
-        work: Work,
-        frame: dict[str, Any],
-        timeout_s: float,
-        save: SaveCheckpoint | None = None,
-        alone: bool = False,
     ) -> tuple[bytes, float]:
-        """Run one chunk as `run` does; return its output and what it cost (`Running.cost_s`).
+        """Run one chunk in the lease's executor (or one of its own): its output and its cost.
+
+        The cost is what the executor measured (`Running.cost_s`).
 
         Raises:
             ChunkTimeout: past `timeout_s` (the executor was killed).

@@ -108,7 +108,7 @@ class ChunkRunner:
     async def execute(
         self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
     ) -> tuple[bytes, float]:
-        """The chunk's output and what it cost (see `ExecutorPool.run_costed`)."""
+        """The chunk's output and what it cost (see `ExecutorPool.run`)."""
         key = (spec.tenant, spec.job_id, chunk.index)
         work = await self.loader.work_of(spec)
         frame = {
@@ -129,7 +129,7 @@ class ChunkRunner:
         alone = key in self._suspects
         for _rerun in range(MAX_RERUNS + 1):
             try:
-                return await self.pool.run_costed(lease, work, frame, timeout_s, save, alone)
+                return await self.pool.run(lease, work, frame, timeout_s, save, alone)
             except Bystander as exc:
                 log.info("chunk runs again job=%s index=%d: %s", key[1], key[2], exc)
             except Suspect as exc:

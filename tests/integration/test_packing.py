@@ -6,10 +6,12 @@ import asyncio
 import os
 import signal
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from nats.js.errors import NotFoundError
 
 from tests.helpers import eventually
@@ -18,8 +20,17 @@ from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy, encode
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.subjects import HEADER_MSG_ID
-from vramfabric.coordinator import ArgMin, Fold, Gather, Job
+from vramfabric.coordinator import ArgMin, Fabric, Fold, Gather, Job
 from vramfabric.coordinator.joblist import count_results, inspect
+
+CodeFabric = Callable[..., Awaitable[Fabric]]
+
+
+@pytest_asyncio.fixture
+async def code_fabric(agent_factory: AgentFactory, fabric_factory: FabricFactory) -> CodeFabric:
+    """A node that runs Python functions (4 slices), and a fabric made with the given settings."""
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    return fabric_factory
 
 
 def square_loss(x: int) -> float:
@@ -98,12 +109,9 @@ async def test_tiny_chunks_travel_packed_and_each_is_folded_once(
     assert again.value == Counter(range(3000))
 
 
-async def test_a_failing_chunk_fails_alone_inside_its_pack(
-    agent_factory: AgentFactory, fabric_factory: FabricFactory
-) -> None:
+async def test_a_failing_chunk_fails_alone_inside_its_pack(code_fabric: CodeFabric) -> None:
     # Given packs of 50 chunks, where each chunk whose input ends in 7 raises
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=50)
+    fabric = await code_fabric(chunks_per_message=50)
     job = Job(fails_on_sevens, list(range(500)), retry=RetryPolicy(max_retries=0))
     # When it runs
     result = await fabric.run(job, every_chunk_once(), slices=2)
@@ -115,11 +123,10 @@ async def test_a_failing_chunk_fails_alone_inside_its_pack(
 
 
 async def test_retry_failed_runs_a_failed_packed_chunk_again(
-    agent_factory: AgentFactory, fabric_factory: FabricFactory, tmp_path: Path
+    code_fabric: CodeFabric, tmp_path: Path
 ) -> None:
     # Given a packed job whose chunks ending in 3 fail on its first run
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=40)
+    fabric = await code_fabric(chunks_per_message=40)
     flag = tmp_path / "ready"
     job = Job(fails_until_flag, [(i, str(flag)) for i in range(400)], retry=RetryPolicy(0))
     first = await fabric.run(job, every_chunk_once(), slices=2)
@@ -138,11 +145,10 @@ async def test_retry_failed_runs_a_failed_packed_chunk_again(
 
 
 async def test_a_hanging_chunk_times_out_alone_and_its_pack_finishes(
-    agent_factory: AgentFactory, fabric_factory: FabricFactory
+    code_fabric: CodeFabric,
 ) -> None:
     # Given a pack of 10 chunks where chunk 5 hangs past its 2 s deadline
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=10, ack_wait_s=30.0)
+    fabric = await code_fabric(chunks_per_message=10, ack_wait_s=30.0)
     job = Job(hangs_on_five, list(range(10)), timeout_s=2.0, retry=RetryPolicy(max_retries=0))
     # When it runs
     result = await fabric.run(job, every_chunk_once(), slices=1, timeout_s=60)
@@ -152,16 +158,14 @@ async def test_a_hanging_chunk_times_out_alone_and_its_pack_finishes(
 
 
 async def test_forged_pack_results_fail_only_their_chunks_and_the_job_runs_on(
+    code_fabric: CodeFabric,
     conn: Connection,
     broker: BrokerSettings,
-    agent_factory: AgentFactory,
-    fabric_factory: FabricFactory,
 ) -> None:
     # Given a job packed 10 chunks to a message, whose first two pack subjects already hold
     # forged results (garbage; a pack claiming fewer chunks than its subject), and a pack
     # subject past any pack's length
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=10)
+    fabric = await code_fabric(chunks_per_message=10)
     job = Job(square_loss, list(range(100)), retry=RetryPolicy(max_retries=0))
     job_id = job.spec(fabric.settings).job_id
     s = broker.subjects
@@ -238,12 +242,11 @@ def fails_at_length(x: int) -> bytes:
 
 
 async def test_a_pack_of_long_failures_and_outputs_still_fits_its_message(
-    agent_factory: AgentFactory, fabric_factory: FabricFactory
+    code_fabric: CodeFabric,
 ) -> None:
     # Given one pack of 1,000 chunks whose failures and outputs together are 3.5 MB, over the
     # server's 1 MiB payload
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=1000)
+    fabric = await code_fabric(chunks_per_message=1000)
     job = Job(fails_at_length, list(range(1000)), retry=RetryPolicy(max_retries=0))
     # When it runs
     result = await fabric.run(job, every_chunk_once(), slices=1, timeout_s=60)
@@ -265,14 +268,12 @@ def checkpoints_then_doubles(x: int, ctx: Any) -> int:
 
 
 async def test_a_packed_chunk_may_checkpoint_and_nothing_is_stored(
+    code_fabric: CodeFabric,
     conn: Connection,
     broker: BrokerSettings,
-    agent_factory: AgentFactory,
-    fabric_factory: FabricFactory,
 ) -> None:
     # Given a packed job of a function that checkpoints
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=25)
+    fabric = await code_fabric(chunks_per_message=25)
     # When it runs
     result = await fabric.run(Job(checkpoints_then_doubles, list(range(100))), Gather())
     # Then every chunk ran (its checkpoint call returned) and no checkpoint was written
@@ -300,14 +301,12 @@ def fails_first_then_slow(x: int) -> int:
 
 
 async def test_chunks_that_fail_at_once_do_not_make_slow_ones_look_tiny(
+    code_fabric: CodeFabric,
     conn: Connection,
     broker: BrokerSettings,
-    agent_factory: AgentFactory,
-    fabric_factory: FabricFactory,
 ) -> None:
     # Given auto packing and a job whose first chunks all fail at once, the rest run 50 ms
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory()
+    fabric = await code_fabric()
     job = Job(fails_first_then_slow, list(range(80)), retry=RetryPolicy(max_retries=0))
     # When it runs
     result = await fabric.run(job, every_chunk_once(), timeout_s=60)
@@ -318,14 +317,12 @@ async def test_chunks_that_fail_at_once_do_not_make_slow_ones_look_tiny(
 
 
 async def test_a_job_may_turn_packing_off_on_a_fabric_that_packs(
+    code_fabric: CodeFabric,
     conn: Connection,
     broker: BrokerSettings,
-    agent_factory: AgentFactory,
-    fabric_factory: FabricFactory,
 ) -> None:
     # Given a fabric that packs 10 chunks to a message
-    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
-    fabric = await fabric_factory(chunks_per_message=10)
+    fabric = await code_fabric(chunks_per_message=10)
     # When a job of it says one chunk per message
     result = await fabric.run(Job(square_loss, list(range(50)), chunks_per_message=1), ArgMin())
     # Then each chunk travelled alone, and the job is the same job (its id ignores the knob)
