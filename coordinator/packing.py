@@ -2,8 +2,9 @@
 
 A message costs the same whether its chunk runs for a microsecond or a minute, so a job of
 tiny chunks is bound by the per-message cost. With `chunks_per_message` at 0 (auto, the
-default) a job's first chunks go one per message, one per lease (at least 32) submitted at a
-time, until results show how long a chunk runs: the shortest run seen, in seconds of its
+default) a job's first `PROBE_CHUNKS` chunks go one per message and the rest wait for their
+first result, at most `PROBE_WAIT_S`; then, until results show whether chunks are tiny, one
+chunk per lease is in flight. How long a chunk runs is the shortest run seen, in seconds of its
 executor thread (`cost_s`: not counting the wait for an executor, and wall time, so a chunk
 that sleeps or waits for I/O is never taken for a tiny one). Chunks that run under
 `TINY_CHUNK_S` then go in packs (`ChunkPack`) of about `TARGET_PACK_S` of work, of
@@ -34,8 +35,12 @@ TARGET_PACK_S = 0.02
 MAX_PACK_S = 1.0
 # A pack's inputs at most (its message stays far below the server's 1 MiB payload).
 PACK_INPUT_BYTES = 256 * 2**10
-# Auto: chunks in flight while a job's chunk speed is not known: one per lease, at least this.
+# Auto: chunks sent alone before any result, and how long the rest wait for the first one. A
+# tiny chunk's result comes back within milliseconds on a warm fleet; past the wait, chunks
+# go one per lease (at least PROBE_CHUNKS in flight), so a job of long chunks on a large fleet
+# loses at most this to the probe, not a whole chunk's run with most of its leases idle.
 PROBE_CHUNKS = 32
+PROBE_WAIT_S = 0.1
 
 
 @attrs.define
@@ -66,11 +71,22 @@ class Packer:
     speed: ChunkSpeed
     # Whether every node that may take the job's chunks runs packs (NodeAdvert.packs).
     packable: Callable[[], bool] = lambda: True
+    # The first result came, or PROBE_WAIT_S passed without one (`probed`).
+    _probed: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Refuse a negative setting."""
         if self.chunks_per_message < 0:
             raise ValueError(f"chunks_per_message must be >= 0, got {self.chunks_per_message}")
+
+    @property
+    def probing(self) -> bool:
+        """Whether the first chunks are out alone and the rest wait for a result (auto)."""
+        return not self.chunks_per_message and not self._probed and not self.speed.n_results
+
+    def probed(self) -> None:
+        """The probe's wait is over (a result came, or PROBE_WAIT_S passed)."""
+        self._probed = True
 
     def throttle(self, leases: int) -> int | None:
         """Chunks to keep in flight while deciding (auto, speed unknown); None: the window."""
@@ -79,6 +95,8 @@ class Packer:
         chunk_s = self.speed.chunk_s
         if chunk_s is not None and chunk_s < TINY_CHUNK_S:
             return None  # tiny: packed from now on
+        if self.probing:
+            return PROBE_CHUNKS
         cap = max(PROBE_CHUNKS, leases)
         # Two rounds of results, none tiny: the chunks are long, send them as they are.
         return None if self.speed.n_results >= 2 * cap else cap

@@ -11,6 +11,7 @@ as single chunks or packs of tiny ones (packing.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
@@ -22,7 +23,7 @@ from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from .jobs import PUBLISH_ACK_WAIT_S, InputsDigest, Job, submit_chunks
-from .packing import Packer
+from .packing import PROBE_WAIT_S, Packer
 from .results import ResultsConsumer
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,13 @@ class Window:
         ):
             self._room.set()
 
-    async def wait_below(self, n_chunks: int) -> None:
-        """Wait until fewer than `n_chunks` chunks are in flight."""
-        while len(self._inflight) >= n_chunks:
-            self._freed.clear()
-            await self._freed.wait()
+    async def wait_below(self, n_chunks: int, timeout_s: float | None = None) -> None:
+        """Wait until fewer than `n_chunks` chunks are in flight, or `timeout_s` passed."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while len(self._inflight) >= n_chunks:
+                    self._freed.clear()
+                    await self._freed.wait()
 
     async def wait_room(self, size: int) -> None:
         """Wait until a chunk of `size` bytes fits."""
@@ -154,7 +157,11 @@ class Submission:
         if cap is not None and len(self.window) >= cap:
             # Chunk speed unknown: a few go out alone until results say whether to pack.
             await self._flush()
-            await self.window.wait_below(cap)
+            if self.packer.probing:
+                await self.window.wait_below(cap, PROBE_WAIT_S)
+                self.packer.probed()
+            else:
+                await self.window.wait_below(cap)
         self.window.add(index, len(data))
         self._batch[index] = data
         self._batch_bytes += len(data)

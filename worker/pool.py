@@ -76,8 +76,11 @@ class ExecutorPool:
     _containment: Containment = attrs.field(init=False)
     layout: ExecutorLayout = attrs.field(init=False)
     room: ExecutorRoom = attrs.field(init=False)
+    # At most `executor_starts` processes importing at once (see WorkerSettings).
+    _starts: asyncio.Semaphore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._starts = asyncio.Semaphore(self.settings.executor_starts)
         self._containment = Containment.start(self.settings.executor_uids, self.settings.allow_code)
         lanes = max(1, self.settings.max_executors_per_gpu - 1)  # one left to narrow suspects
         self.layout = ExecutorLayout(self.settings.isolation, lanes)
@@ -275,8 +278,19 @@ class ExecutorPool:
         return task
 
     async def _start(self, key: ExecKey) -> ExecutorProcess:
-        gpu = self.gpus[key[0]]
         await self.room.reserve(key[0], lambda k: k in self._entering)
+        try:
+            await self._starts.acquire()
+        except asyncio.CancelledError:
+            self.room.started(key[0], None)  # cancelled waiting for its turn: its room back
+            raise
+        try:
+            return await self._spawn(key)
+        finally:
+            self._starts.release()
+
+    async def _spawn(self, key: ExecKey) -> ExecutorProcess:
+        gpu = self.gpus[key[0]]
         exe = None
         try:
             sandbox = self._containment.sandbox(key[1]) if key[1] else None

@@ -71,6 +71,11 @@ class WorkerSettings:
     # granted (worker/pool.py). Nodes simulated side by side in one process
     # (worker/colocated.py) start one only when a chunk needs it.
     eager_executors: bool = True
+    # Executor processes starting at once: each takes about 0.3 s of CPU to import, so more
+    # starts than cores only make the first one ready later (64 at once on 2 cores: 8 s).
+    executor_starts: int = attrs.field(
+        factory=lambda: cpu_count(), validator=attrs.validators.ge(1)
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -102,8 +107,14 @@ class WorkerSettings:
             waiting_ttl_s=env_float(environ, "VRAMFABRIC_WAITING_TTL_S", 10.0),
             max_executors_per_gpu=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS_PER_GPU", 8),
             max_executors=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS", 32),
+            executor_starts=env_int(environ, "VRAMFABRIC_EXECUTOR_STARTS", cpu_count()),
             **kwargs,  # type: ignore[arg-type]
         )
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:

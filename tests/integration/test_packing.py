@@ -331,3 +331,21 @@ async def test_a_job_may_turn_packing_off_on_a_fabric_that_packs(
     assert result.job_id == Job(square_loss, list(range(50))).spec(fabric.settings).job_id
     with pytest.raises(ValueError, match="chunks_per_message"):
         Job(square_loss, [1], chunks_per_message=-1)
+
+
+async def test_long_chunks_on_many_leases_do_not_wait_for_a_first_result(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory, tmp_path: Path
+) -> None:
+    # Given a node of 64 slices, auto packing, and a job of 64 chunks that each run 2 s
+    await agent_factory("n1", simulate="1x64GiB")
+    fabric = await fabric_factory()
+    inputs = [sleepy_input(i) for i in range(64)]
+    job = Job(SLEEPY, inputs, args={"sleep_s": 2.0, "log_dir": str(tmp_path)})
+    # When it runs
+    result = await fabric.run(job, Gather(), timeout_s=60)
+    # Then every chunk started while the first ones ran: past the first 32 sent alone, the
+    # others did not wait 2 s for a result to say whether chunks are tiny
+    assert result.n_ok == 64 and result.leases_peak == 64
+    starts = [entry.stat().st_mtime for entry in tmp_path.iterdir()]
+    assert len(starts) == 64
+    assert max(starts) - min(starts) < 1.5

@@ -107,6 +107,32 @@ async def test_eight_leases_run_eight_chunks_at_once(
     assert max(ends) - min(starts) < 0.6
 
 
+def process_started_at(pid: int) -> float:
+    """When process `pid` was created (epoch seconds, to the kernel's clock tick)."""
+    with open(f"/proc/{pid}/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_executors_start_a_few_at_a_time_and_the_first_runs_its_chunk_meanwhile(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a fresh node whose function leases each need a process (a lane), started one
+    # at a time (on a small machine, many importing at once are all ready only at the end)
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True, executor_starts=1)
+    fabric = await fabric_factory()
+    # When 4 chunks of 0.5 s run on its 4 leases
+    result = await fabric.run(Job(timed_sleep, [0.5] * 4), Gather(), slices=4, timeout_s=60)
+    # Then the first chunk ran before the last process was even created
+    assert result.n_ok == 4
+    starts, _ends, pids = zip(*result.value, strict=True)
+    assert len(set(pids)) == 4
+    assert min(starts) < max(process_started_at(pid) for pid in pids)
+
+
 async def test_process_isolation_runs_each_lease_in_a_process_of_its_own(
     agent_factory: AgentFactory, fabric_factory: FabricFactory
 ) -> None:

@@ -19,8 +19,12 @@ def test_auto_sends_chunks_alone_until_a_result_shows_them_tiny() -> None:
     # Given auto packing and no result yet
     speed = ChunkSpeed()
     packer = Packer(0, speed)
-    # Then chunks go one per message, at most one per lease (and 32) in flight
+    # Then the first 32 chunks go one per message, whatever the leases, while the rest wait
     assert packer.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
+    assert packer.probing
+    assert packer.throttle(leases=500) == PROBE_CHUNKS
+    # And once the wait is over with no result, one chunk per lease (at least 32) is in flight
+    packer.probed()
     assert packer.throttle(leases=8) == PROBE_CHUNKS
     assert packer.throttle(leases=500) == 500
     # When a result says a chunk ran 0.2 ms (its executor's wall time)
