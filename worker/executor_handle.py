@@ -68,6 +68,9 @@ class Running:
     # The seconds the work ran in its executor thread (no wait for the process to start or
     # for the frame to be read): packing reads it.
     cost_s: float = 0.0
+    # The process its lease's chunks belong in (worker/layout.py); it may run in another
+    # lane of its tenant while that one is still starting (ExecutorPool).
+    home: ExecKey | None = None
 
 
 @attrs.define(eq=False)

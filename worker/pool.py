@@ -78,6 +78,8 @@ class ExecutorPool:
     room: ExecutorRoom = attrs.field(init=False)
     # At most `executor_starts` processes importing at once (see WorkerSettings).
     _starts: asyncio.Semaphore = attrs.field(init=False)
+    # Set when a process is up or ends, or a chunk leaves one: chunks waiting for a lane.
+    _lane_free: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._starts = asyncio.Semaphore(self.settings.executor_starts)
@@ -125,7 +127,8 @@ class ExecutorPool:
             ExecutorCrashed: the executor died while the chunk ran.
             ChunkFailed: the chunk's work failed (a permanent kind, from the executor).
         """
-        key = alone_key(lease) if alone else self.key_of(lease, work.kind)
+        home = alone_key(lease) if alone else self.key_of(lease, work.kind)
+        key = await self._lane_for(home) if home[2].startswith(LANE) else home
         self._last_busy = time.monotonic()
         self._entering[key] = self._entering.get(key, 0) + 1
         try:
@@ -136,7 +139,7 @@ class ExecutorPool:
                 self._entering[key] = left
         task_id = next(self._ids)
         loop = asyncio.get_running_loop()
-        task = Running(loop.create_future(), save, loop.time() + timeout_s, timeout_s)
+        task = Running(loop.create_future(), save, loop.time() + timeout_s, timeout_s, home=home)
         exe.tasks[task_id] = task
         if self._sweep is None:
             self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._check_deadlines)
@@ -177,6 +180,41 @@ class ExecutorPool:
                     # Every work it loaded stays in its memory: a fresh process starts clean.
                     exe.kill(f"idle: recycled after loading {len(exe.loaded)} works")
             self.room.changed()
+            self._lane_free.set()
+
+    async def _lane_for(self, home: ExecKey) -> ExecKey:
+        """The lane a chunk of lane `home` runs in: its own once started, else an idle one.
+
+        A fresh job's leases each start a lane, a few at a time (`executor_starts`): on a
+        small machine the last is up seconds after the first, and chunks bound to it would
+        wait while lanes already up sit idle. So a chunk whose lane is not up yet runs in
+        an idle lane of its tenant on its GPU, and never beside another lease's chunk: its
+        own lane, running such a guest, is waited for like one still starting.
+        """
+        start: asyncio.Task[ExecutorProcess] | None = None
+        while not self._closed:
+            own = self._procs.get(home)
+            if own is not None and own.alive and own.ready.done():
+                if all(task.home == home for task in own.tasks.values()):
+                    return home
+            elif start is not None and start.done():
+                return home  # its start failed: the chunk learns why (`_executor`)
+            else:
+                start = self._start_task(home)  # up for the lease's next chunks
+            for key, exe in self._procs.items():
+                if (
+                    key != home
+                    and key[:2] == home[:2]
+                    and key[2].startswith(LANE)
+                    and exe.alive
+                    and exe.ready.done()
+                    and not exe.tasks
+                    and key not in self._entering
+                ):
+                    return key
+            self._lane_free.clear()
+            await self._lane_free.wait()
+        return home
 
     def _check_deadlines(self) -> None:
         """Kill the executors of chunks past their deadline; check again while chunks run."""
@@ -273,6 +311,7 @@ class ExecutorPool:
             task = asyncio.get_running_loop().create_task(self._start(key))
             self._starting[key] = task
             task.add_done_callback(lambda _t: self._starting.pop(key, None))
+            task.add_done_callback(lambda _t: self._lane_free.set())
             # A warm-up nobody awaits: log its failure here (chunks that wait get it raised).
             task.add_done_callback(_log_failed_start)
         return task
@@ -321,6 +360,7 @@ class ExecutorPool:
 
     def _exited(self, exe: ExecutorProcess) -> None:
         self.room.ended(exe)
+        self._lane_free.set()
         if self._procs.get(exe.key) is exe:
             del self._procs[exe.key]
 
@@ -424,6 +464,7 @@ class ExecutorPool:
     async def close(self) -> None:
         """Kill every executor (chunks still running fail as crashed) and wait for them."""
         self._closed = True
+        self._lane_free.set()
         if self._spares_in_turn is not None:
             self._spares_in_turn.cancel()
         for task in list(self._starting.values()):
