@@ -57,7 +57,7 @@ class Follower:
     subject: str
     stream: str
     handler: Callable[[Msg], Awaitable[None]]
-    # Its deadline is ignored: a follower resubscribes for as long as it runs.
+    # Its deadline bounds the first subscribe; a follower resubscribes for as long as it runs.
     retry: CallRetry
     # No message handled for this long while the consumer has some pending is a stall.
     stall_s: float = 10.0
@@ -73,8 +73,14 @@ class Follower:
     _running: bool = attrs.field(default=True, init=False)
 
     async def start(self) -> None:
-        """Subscribe, and subscribe again after each reconnect or loss of the consumer."""
-        await self._subscribe()
+        """Subscribe, and subscribe again after each reconnect or loss of the consumer.
+
+        Raises:
+            TransientError: the subscription could not be made within the retry's deadline.
+        """
+        # A JetStream API request can time out on a busy server (seen under CI's load): the
+        # first subscribe is retried like every later one, within the retry's deadline.
+        await self.retry.call(self._subscribe, what=f"subscribe {self.subject}")
         self.conn.on_reconnect.append(self._on_reconnect)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 

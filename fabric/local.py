@@ -7,7 +7,6 @@ PR_SET_PDEATHSIG, so killing the parent, even with -9, leaves no process behind.
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -15,13 +14,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
-from vramfabric.broker import tenants
 from vramfabric.broker.errors import ServerError
 from vramfabric.broker.server import NatsServer, die_with_parent
 from vramfabric.broker.settings import BrokerSettings
+
+if TYPE_CHECKING:
+    # Imported where a tenants file is used: `vramfabric up` without one starts sooner.
+    from vramfabric.broker import tenants
 
 _READY_LINE = b"worker ready"
 
@@ -61,7 +64,8 @@ class LocalFleet:
         )
         if self._tenants is None:
             return base
-        from vramfabric.broker import auth  # with its NATS client: only when auth is on
+        # With its NATS client: only when auth is on.
+        from vramfabric.broker import auth, tenants
 
         return auth.settings_for(base, tenants.OPERATOR_USER, self._tenants.operator.password)
 
@@ -83,6 +87,8 @@ class LocalFleet:
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
         if self.tenants_file is not None:
+            from vramfabric.broker import tenants
+
             self._tenants = tenants.load(self.tenants_file)
             self._config_dir = tempfile.TemporaryDirectory(prefix="vramfabric-auth-")
             # Workers get the policy alone: tenants' code on a node never finds a password.
@@ -128,6 +134,8 @@ class LocalFleet:
             VRAMFABRIC_REPLICAS=str(self.replicas),
         )
         if self._tenants is not None and self.tenants_file is not None:
+            from vramfabric.broker import tenants
+
             # Credentials travel in the environment, never on a command line.
             env.update(
                 VRAMFABRIC_NATS_USER=tenants.WORKERS_USER,
@@ -221,6 +229,8 @@ def demo_tenants_file(
     path: str | Path, names: tuple[str, ...] = ("demo",), allow_code: bool = False
 ) -> Path:
     """Write a tenants file with fresh random passwords (weight 1, no quota; code if asked)."""
+    import secrets
+
     from vramfabric.broker import auth
 
     code = "\nallow_code = true" if allow_code else ""
