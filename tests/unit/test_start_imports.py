@@ -35,7 +35,16 @@ def imported(code: str, absent: tuple[str, ...]) -> list[str]:
         (
             "vramfabric up, before it starts the fabric",
             "import vramfabric.cli as cli; cli.parse(['up']); import vramfabric.local",
-            ("asyncio", "nats", "numpy", "rich", "tenacity", "vramfabric.coordinator"),
+            (
+                "asyncio",
+                "nats",
+                "numpy",
+                "rich",
+                "tenacity",
+                "tomllib",
+                "vramfabric.broker.tenants",
+                "vramfabric.coordinator",
+            ),
         ),
         (
             "a worker's agent",
