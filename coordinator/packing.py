@@ -3,17 +3,18 @@
 A message costs the same whether its chunk runs for a microsecond or a minute, so a job of
 tiny chunks is bound by the per-message cost. With `chunks_per_message` at 0 (auto, the
 default) a job's first `PROBE_CHUNKS` chunks go one per message and the rest wait for their
-first result, at most `PROBE_WAIT_S`; then, until results show whether chunks are tiny, one
-chunk per lease is in flight. How long a chunk runs is the shortest run seen, in seconds of its
-executor thread (`cost_s`: not counting the wait for an executor, and wall time, so a chunk
-that sleeps or waits for I/O is never taken for a tiny one). Chunks that run under
-`TINY_CHUNK_S` then go in packs (`ChunkPack`) of about `TARGET_PACK_S` of work, of
-contiguous chunks, at most `PACK_INPUT_BYTES` of input, and never more chunks than
-`MAX_PACK_S` of the slowest chunk seen. Only successful results count: a chunk that fails at
-once says nothing of how long the others run. Once two rounds of results show
-longer chunks, they keep one message each with the full window: a pack runs on one lease,
-one chunk after another, and long chunks spread over the leases finish sooner. 1 turns
-packing off; N >= 2 packs up to N chunks from the start.
+first result, four times as many in flight every `PROBE_WAIT_S` without one, up to one per
+lease; until results show whether chunks are tiny, one chunk per lease is in flight. How
+long a chunk runs is the shortest run seen, in seconds of its executor thread (`cost_s`: not
+counting the wait for an executor, and wall time, so a chunk that sleeps or waits for I/O is
+never taken for a tiny one). Chunks that run under `TINY_CHUNK_S` then go in packs
+(`ChunkPack`) of about `TARGET_PACK_S` of work, of contiguous chunks, at most
+`PACK_INPUT_BYTES` of input, and never more chunks than `MAX_PACK_S` of the slowest chunk
+seen. Only successful results count: a chunk that fails at once says nothing of how long
+the others run. Once two rounds of results show longer chunks, they keep one message each
+with the full window: a pack runs on one lease, one chunk after another, and long chunks
+spread over the leases finish sooner. 1 turns packing off; N >= 2 packs up to N chunks from
+the start.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ TARGET_PACK_S = 0.05
 MAX_PACK_S = 1.0
 # A pack's inputs at most (its message stays far below the server's 1 MiB payload).
 PACK_INPUT_BYTES = 256 * 2**10
-# Auto: chunks sent alone before any result, and how long the rest wait for the first one. A
-# tiny chunk's result comes back within milliseconds on a warm fleet; past the wait, chunks
-# go one per lease (at least PROBE_CHUNKS in flight), so a job of long chunks on a large fleet
-# loses at most this to the probe, not a whole chunk's run with most of its leases idle.
+# Auto: chunks sent alone before any result, four times as many every PROBE_WAIT_S without
+# one. A tiny chunk's result comes back within milliseconds on a warm fleet; a job of long
+# chunks on a large fleet fills its leases within 0.2 s, not after a whole chunk's
+# run with most of them idle; and where a loaded machine is slow to return the first result,
+# few tiny chunks go unpacked (opening every lease at once after 0.1 s, 1,000 chunks took
+# 0.40 s beside Ray's busy processes; 0.16 s like this).
 PROBE_CHUNKS = 4
-PROBE_WAIT_S = 0.1
+PROBE_WAIT_S = 0.05
 
 
 @attrs.define
@@ -73,8 +76,8 @@ class Packer:
     speed: ChunkSpeed
     # Whether every node that may take the job's chunks runs packs (NodeAdvert.packs).
     packable: Callable[[], bool] = lambda: True
-    # The first result came, or PROBE_WAIT_S passed without one (`probed`).
-    _probed: bool = attrs.field(default=False, init=False)
+    # When the first chunks went out without a result to go by (monotonic seconds).
+    _probe_started: float | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Refuse a negative setting."""
@@ -83,23 +86,27 @@ class Packer:
 
     @property
     def probing(self) -> bool:
-        """Whether the first chunks are out alone and the rest wait for a result (auto)."""
-        return not self.chunks_per_message and not self._probed and not self.speed.n_results
+        """Whether no result has told the chunks' speed yet (auto packing)."""
+        return not self.chunks_per_message and not self.speed.n_results
 
-    def probed(self) -> None:
-        """The probe's wait is over (a result came, or PROBE_WAIT_S passed)."""
-        self._probed = True
+    def throttle(self, leases: int, now: float) -> int | None:
+        """Chunks to keep in flight while deciding (auto, speed unknown); None: the window.
 
-    def throttle(self, leases: int) -> int | None:
-        """Chunks to keep in flight while deciding (auto, speed unknown); None: the window."""
+        Before any result, `PROBE_CHUNKS`, four times as many every `PROBE_WAIT_S` without
+        one (at monotonic time `now`), up to one per lease: long chunks soon fill the leases,
+        and where a tiny chunk's result is slow to come, few go out unpacked.
+        """
         if self.chunks_per_message:
             return None
         chunk_s = self.speed.chunk_s
         if chunk_s is not None and chunk_s < TINY_CHUNK_S:
             return None  # tiny: packed from now on
-        if self.probing:
-            return PROBE_CHUNKS
         cap = max(PROBE_CHUNKS, leases)
+        if self.probing:
+            if self._probe_started is None:
+                self._probe_started = now
+            steps = int((now - self._probe_started) / PROBE_WAIT_S)
+            return min(cap, PROBE_CHUNKS << min(2 * steps, 40))
         # Two rounds of results, none tiny: the chunks are long, send them as they are.
         return None if self.speed.n_results >= 2 * cap else cap
 

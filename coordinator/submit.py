@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection
 
 import attrs
@@ -153,15 +154,12 @@ class Submission:
         if not self.window.fits(len(data)):
             await self._flush()  # its chunks count against the window: publish them first
             await self.window.wait_room(len(data))
-        cap = self.packer.throttle(self.leases())
+        cap = self.packer.throttle(self.leases(), time.monotonic())
         if cap is not None and len(self.window) >= cap:
-            # Chunk speed unknown: a few go out alone until results say whether to pack.
+            # Chunk speed unknown: a few go out alone until results say whether to pack
+            # (while none has come, the cap grows with time: wait for the next step too).
             await self._flush()
-            if self.packer.probing:
-                await self.window.wait_below(cap, PROBE_WAIT_S)
-                self.packer.probed()
-            else:
-                await self.window.wait_below(cap)
+            await self.window.wait_below(cap, PROBE_WAIT_S if self.packer.probing else None)
         self.window.add(index, len(data))
         self._batch[index] = data
         self._batch_bytes += len(data)

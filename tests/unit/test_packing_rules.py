@@ -5,6 +5,7 @@ from __future__ import annotations
 from vramfabric.coordinator.packing import (
     PACK_INPUT_BYTES,
     PROBE_CHUNKS,
+    PROBE_WAIT_S,
     ChunkSpeed,
     Packer,
 )
@@ -22,16 +23,16 @@ def test_auto_sends_chunks_alone_until_a_result_shows_them_tiny() -> None:
     # Then the first few chunks go one per message, whatever the leases, while the rest wait
     assert packer.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
     assert packer.probing
-    assert packer.throttle(leases=500) == PROBE_CHUNKS
-    # And once the wait is over with no result, one chunk per lease (at least a few) is in
-    # flight
-    packer.probed()
-    assert packer.throttle(leases=1) == PROBE_CHUNKS
-    assert packer.throttle(leases=500) == 500
+    assert packer.throttle(leases=500, now=100.0) == PROBE_CHUNKS
+    # And while no result comes, four times as many every PROBE_WAIT_S, up to one per lease
+    assert packer.throttle(leases=500, now=100.0 + PROBE_WAIT_S * 1.5) == 4 * PROBE_CHUNKS
+    assert packer.throttle(leases=500, now=100.0 + PROBE_WAIT_S * 2.5) == 16 * PROBE_CHUNKS
+    assert packer.throttle(leases=500, now=100.0 + PROBE_WAIT_S * 20) == 500
+    assert packer.throttle(leases=1, now=100.0 + PROBE_WAIT_S * 20) == PROBE_CHUNKS
     # When a result says a chunk ran 0.2 ms (its executor's wall time)
     speed.observe(0.0002)
     # Then contiguous chunks go in packs of about 50 ms of work, with nothing held back
-    assert packer.throttle(leases=500) is None
+    assert packer.throttle(leases=500, now=101.0) is None
     assert packer.spans(list(range(600)), inputs(600)) == [(0, 249), (250, 499), (500, 599)]
 
 
@@ -41,10 +42,10 @@ def test_long_chunks_keep_a_message_each_and_get_the_whole_window() -> None:
     packer = Packer(0, speed)
     for _ in range(2 * PROBE_CHUNKS - 1):
         speed.observe(0.05)
-    assert packer.throttle(leases=4) == PROBE_CHUNKS  # still deciding
+    assert packer.throttle(leases=4, now=0.0) == PROBE_CHUNKS  # still deciding
     speed.observe(0.05)
     # Then after two rounds of results the window opens, and nothing is packed
-    assert packer.throttle(leases=4) is None
+    assert packer.throttle(leases=4, now=0.0) is None
     assert packer.spans([0, 1], inputs(2)) == [(0, 0), (1, 1)]
 
 
