@@ -130,7 +130,7 @@ class ChunkHandler:
                 await quiet(msg.nak(delay=self.spec.retry.nak_delay_s(attempt)))
                 return
             result = self._failed(first, last, exc, attempt, lease_id, started_at)
-        except Exception as exc:
+        except Exception as exc:  # recorded: the chunk (or each of the pack's) fails with it
             result = self._failed(first, last, exc, attempt, lease_id, started_at)
         await self._finish(msg, result)
 
