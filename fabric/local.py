@@ -1,6 +1,6 @@
 """LocalFleet: an embedded nats-server plus simulated worker subprocesses on this machine.
 
-Used by `vramfabric demo`, the benchmarks and the end-to-end tests. Children get
+Used by `vramfabric up` and `demo`, the benchmarks and the end-to-end tests. Children get
 PR_SET_PDEATHSIG, so killing the parent, even with -9, leaves no process behind.
 """
 
@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 
@@ -25,6 +25,11 @@ from vramfabric.broker.settings import BrokerSettings
 if TYPE_CHECKING:
     # Imported where a tenants file is used: `vramfabric up` without one starts sooner.
     from vramfabric.broker import tenants
+
+    from .forked import ForkedWorker
+
+    # A worker process: spawned (its own interpreter), or forked from this one.
+    WorkerProcess: TypeAlias = subprocess.Popen[bytes] | ForkedWorker
 
 _READY_LINE = b"worker ready"
 
@@ -48,8 +53,11 @@ class LocalFleet:
     # A tenants file with plain passwords: the embedded server then runs with auth on; with
     # `url` set, the server there must run with this file's config (workers use its users).
     tenants_file: str | None = None
+    # Workers forked from this process, which imports their modules once (fabric/forked.py):
+    # only for a process with no thread, no event loop and no secret (`vramfabric up`).
+    fork: bool = False
     server: NatsServer | None = attrs.field(default=None, init=False)
-    procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list, init=False)
+    procs: list[WorkerProcess] = attrs.field(factory=list, init=False)
     # The `/metrics` URL of every ready worker that serves one.
     metrics_urls: list[str] = attrs.field(factory=list, init=False)
     _tenants: tenants.TenantsFile | None = attrs.field(default=None, init=False)
@@ -86,6 +94,13 @@ class LocalFleet:
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
+        if self.fork:
+            if self.tenants_file is not None:
+                # A forked worker would hold a copy of every password this process read.
+                raise ValueError("forked workers take no tenants file: spawn them instead")
+            from vramfabric.worker.__main__ import preload
+
+            preload()
         if self.tenants_file is not None:
             from vramfabric.broker import tenants
 
@@ -124,7 +139,7 @@ class LocalFleet:
         asyncio.run(auth.provision_tenants(self.broker, self._tenants))
         return server
 
-    def spawn_worker(self, node: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    def spawn_worker(self, node: str, extra_args: tuple[str, ...] = ()) -> WorkerProcess:
         """Start one worker subprocess with simulated GPUs (not waited for)."""
         env = dict(
             os.environ,
@@ -142,10 +157,7 @@ class LocalFleet:
                 VRAMFABRIC_NATS_PASSWORD=self._tenants.workers.password or "",
                 VRAMFABRIC_TENANTS=str(self.policy_file),
             )
-        cmd = [
-            sys.executable,
-            "-m",
-            "vramfabric.worker",
+        argv = [
             "--simulate",
             self.simulate,
             "--slice",
@@ -157,11 +169,15 @@ class LocalFleet:
         ]
         if self.metrics_port is not None:
             port = self.metrics_port and self.metrics_port + len(self.procs)
-            cmd += ["--metrics-port", str(port)]
+            argv += ["--metrics-port", str(port)]
         if self.verbose:
-            cmd.append("-v")
+            argv.append("-v")
+        if self.fork:
+            from .forked import ForkedWorker
+
+            return ForkedWorker.start(argv, env, quiet=not self.verbose)
         return subprocess.Popen(
-            cmd,
+            [sys.executable, "-m", "vramfabric.worker", *argv],
             env=env,
             stdout=subprocess.PIPE,
             stderr=None if self.verbose else subprocess.DEVNULL,
@@ -170,14 +186,14 @@ class LocalFleet:
 
     def add_worker(
         self, node: str, extra_args: tuple[str, ...] = (), ready_timeout_s: float = 30.0
-    ) -> subprocess.Popen[bytes]:
+    ) -> WorkerProcess:
         """Start one more worker, wait until it serves, and keep it for `stop()`."""
         proc = self.spawn_worker(node, extra_args)
         self.procs.append(proc)
         self._wait_ready(proc, ready_timeout_s)
         return proc
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def _wait_ready(self, proc: WorkerProcess, timeout_s: float) -> None:
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -96,6 +96,11 @@ async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
     return await broker.call_retry.call(lambda: connect(broker, name=name), what="connect")
 
 
+def preload() -> None:
+    """Import what `serve` imports: a worker forked from this process then starts at once."""
+    from . import agent, colocated, metrics  # noqa: F401
+
+
 async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1) -> int:
     """Run the agent (or `nodes` simulated ones side by side) until a stop signal.
 
@@ -192,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=VERBOSITY.get(args.verbose, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        force=True,  # a worker forked from `vramfabric up` logs at its own level, not up's
     )
     # The environment holds the workers' password: keep tenants' executors out of it.
     make_undumpable()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import eventually, poll_until, wait_for_line
+from tests.helpers import alive, children_of, eventually, poll_until, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.cluster import free_ports
@@ -24,29 +24,6 @@ from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
 CLI = [sys.executable, "-m", "vramfabric"]
-
-
-def alive(pid: int) -> bool:
-    """Whether a process exists (and is not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def children_of(pid: int) -> list[int]:
-    """PIDs whose parent is `pid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-    return out
 
 
 async def test_search_through_the_fabric_equals_the_direct_reference_argmin(

@@ -4,6 +4,8 @@ A simulated worker of this uid with no kernel modules says ready before its exec
 start (worker/pool.py, `vouched`): spares come up in the background, one GPU at a time. A
 job sent the moment it is ready must still run every chunk, on every GPU, correctly. The
 node's prebuild of the built-in kernels (kernels/prebuild.py) runs once per worker process.
+`vramfabric up` forks its workers (fabric/forked.py): each is still a node of its own, and
+none outlives `up`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import eventually
+from tests.helpers import alive, children_of, eventually, poll_until, wait_for_line
 from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.server import die_with_parent
-from vramfabric.coordinator import Job
+from vramfabric.coordinator import CoordinatorSettings, Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.local import LocalFleet
 
@@ -91,3 +94,55 @@ async def test_nodes_side_by_side_start_one_prebuild(
         _out, err = proc.communicate(timeout=20)
     # Then the process built (or found built) the built-in kernels once, not once per node
     assert err.decode().count("built-in host kernels:") == 1, err.decode()[-3000:]
+
+
+def parent_pid(_i: int) -> int:
+    """The PID of the worker that started this executor process."""
+    return os.getppid()
+
+
+@pytest.mark.timeout(120)
+async def test_up_forks_workers_that_each_run_chunks_and_die_with_it(tmp_path: Path) -> None:
+    # Given `vramfabric up` with two workers of one 4 GiB GPU (8 slices each)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    cmd = ["up", "--workers", "2", "--simulate", "1x4GiB", "--allow-code"]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "vramfabric", *cmd],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        url = wait_for_line(up.stdout, "vramfabric up:", timeout_s=60).split()[2]
+        kids = children_of(up.pid)
+        workers = {k for k in kids if b"nats-server" not in Path(f"/proc/{k}/cmdline").read_bytes()}
+        assert len(workers) == 2 and len(kids) == 3, kids
+        # When a job takes all 16 slices, each chunk saying which worker's executor ran it
+        broker = BrokerSettings(url=url)
+        async with await Fabric.connect(broker, CoordinatorSettings(max_slices=16)) as fabric:
+            job = Job(parent_pid, list(range(32)))
+            result = await fabric.run(job, Gather(), slices=16, min_slices=16, timeout_s=60)
+        # Then both workers ran chunks, each in executors of its own
+        assert result.n_failed == 0, result.failures
+        assert set(result.value) == workers
+        # And when `up` is killed -9 (no cleanup of its own runs), its workers and server go too
+        up.kill()
+        up.wait(10)
+        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=30), [
+            k for k in kids if alive(k)
+        ]
+    finally:
+        up.kill()
+        up.wait()
+        for stream in (up.stdout, up.stderr):
+            assert stream is not None
+            stream.close()
+
+
+def test_forked_workers_refuse_a_tenants_file(tmp_path: Path) -> None:
+    # Given a fleet of forked workers asked to run with a tenants file (passwords inside)
+    fleet = LocalFleet(workers=1, fork=True, tenants_file=str(tmp_path / "tenants.toml"))
+    # When it starts, then it refuses before reading the file or starting anything
+    with pytest.raises(ValueError, match="forked workers take no tenants file"):
+        fleet.start()
+    assert fleet.server is None and fleet.procs == []
