@@ -93,6 +93,16 @@ def test_the_executor_environment_carries_no_credentials() -> None:
     assert contained["HOME"] == "/tmp/x/u20001" and contained["TMPDIR"] == "/tmp/x/u20001/tmp"
 
 
+def test_executors_get_one_blas_thread_unless_the_operator_says_otherwise() -> None:
+    # Given a worker's environment that sets one thread count and not the others
+    environ = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "4"}
+    # When an executor's environment is built
+    env = executor_env(environ, None)
+    # Then the operator's count stands and the other pools start one thread each
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
+
+
 def test_a_worker_that_is_not_root_says_its_executors_share_its_uid(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
