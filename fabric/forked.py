@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import IO, NoReturn
@@ -37,6 +38,9 @@ class ForkedWorker:
     @classmethod
     def start(cls, argv: Sequence[str], env: Mapping[str, str], quiet: bool) -> ForkedWorker:
         """Fork a worker run with `argv` (its flags) in `env`; stderr to /dev/null if `quiet`."""
+        if threading.active_count() > 1:
+            # A lock another thread held at the fork stays held in the child for ever.
+            raise RuntimeError("workers are forked only from a process with one thread")
         # What this process has buffered would otherwise be written twice, once by the child.
         sys.stdout.flush()
         sys.stderr.flush()

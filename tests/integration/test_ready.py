@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,3 +147,21 @@ def test_forked_workers_refuse_a_tenants_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="forked workers take no tenants file"):
         fleet.start()
     assert fleet.server is None and fleet.procs == []
+
+
+def test_forked_workers_refuse_a_process_with_threads() -> None:
+    # Given a process with a second thread running (it could hold a lock at the fork)
+    from vramfabric.forked import ForkedWorker
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        # When a worker is forked from it, then it refuses and no child is made
+        before = children_of(os.getpid())
+        with pytest.raises(RuntimeError, match="one thread"):
+            ForkedWorker.start(["--simulate", "1x4GiB"], dict(os.environ), quiet=True)
+        assert children_of(os.getpid()) == before
+    finally:
+        stop.set()
+        thread.join()
