@@ -90,15 +90,16 @@ class LeasePool:
         Requests go to all planned nodes in parallel, at most `max_lease_batch` leases each.
         A node that denies or grants fewer than it was asked in a request is left out of the
         next round; one that grants the whole batch is asked again. Rounds stop when the want
-        is met or no advertised capacity is left. Fewer than `wanted` is not an error: the
-        job runs with what it got (CapacityExceeded is for callers that demand a minimum).
+        is met, no advertised capacity is left or the pool is closing. Fewer than `wanted` is
+        not an error: the job runs with what it got (CapacityExceeded is for callers that
+        demand a minimum).
         """
         got = 0
         exclude: set[str] = set()
         eligible = sorted(
             (a for a in self.fleet.adverts.values() if self.eligible(a)), key=lambda a: a.node
         )
-        while got < wanted:
+        while got < wanted and not self.closing:
             planned = plan(
                 eligible,
                 self.settings.slice_bytes,

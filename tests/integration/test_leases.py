@@ -21,6 +21,7 @@ from vramfabric.broker import (
     decode,
     encode,
 )
+from vramfabric.broker.errors import JobTimeout
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator import ArgMin, Job
 from vramfabric.coordinator.leasing import LeasePool
@@ -133,6 +134,31 @@ async def test_acquisition_runs_with_fewer_leases_than_asked(
     assert result.n_ok == 20
     assert result.leases_peak == 4
     assert result.value == (0, 0.0)
+
+
+async def test_jobs_ending_while_their_last_leases_come_leave_no_lease_behind(
+    conn: Connection,
+    broker: BrokerSettings,
+    agent_factory: AgentFactory,
+    fabric_factory: FabricFactory,
+) -> None:
+    # Given two nodes of 512 slices each and leases that would outlive the test (TTL 60 s)
+    for node in ("n1", "n2"):
+        await agent_factory(node, simulate="4x32GiB", slice_bytes=256 * MIB)
+    fabric = await fabric_factory(slice_bytes=256 * MIB, lease_ttl_s=60.0)
+    # When jobs of 1000 slow chunks time out at once, each while the leases after its first
+    # request are still being granted (its first chunks already run)
+    for _ in range(5):
+        job = Job(SLEEPY, [sleepy_input(v) for v in range(1000)], args={"sleep_s": 5.0})
+        with pytest.raises(JobTimeout):
+            await fabric.run(job, ArgMin(), timeout_s=0.05)
+
+    # Then within a few heartbeats (not the TTL) both nodes advertise every slice free again
+    async def all_free() -> bool:
+        adverts = [await advert_of(conn, broker, node) for node in ("n1", "n2")]
+        return all(g.leased_bytes == 0 for a in adverts for g in a.gpus)
+
+    await eventually(all_free, timeout_s=10)
 
 
 async def test_acquire_asks_again_a_node_that_granted_its_whole_batch(
