@@ -103,7 +103,9 @@ def worker_process(broker: BrokerSettings) -> Iterator[WorkerProcess]:
     )
 
     def start(node: str, *extra_args: str) -> subprocess.Popen[bytes]:
-        return fleet.add_worker(node, extra_args)
+        proc = fleet.add_worker(node, extra_args)
+        assert isinstance(proc, subprocess.Popen)  # spawned: this fleet does not fork
+        return proc
 
     yield start
     for proc in fleet.procs:
