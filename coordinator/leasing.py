@@ -1,4 +1,4 @@
-"""LeasePool: a lease set. Elastic acquisition, batched renewal, shrinking and release.
+"""LeasePool: a lease set. Elastic acquisition, batched renewal and release.
 
 A lease set outlives any one use of it: a batch run (JobRun) labels its set with the job's
 id, so the nodes pull that job's chunks for its leases; an interactive block
@@ -56,7 +56,7 @@ _KNOCK_GAP_S = 0.5
 
 @attrs.define
 class LeasePool:
-    """The leases of one set (labelled `job` on the nodes), by id; grows, shrinks, renews."""
+    """The leases of one set (labelled `job` on the nodes), by id; grows, renews, releases."""
 
     conn: Connection
     broker: BrokerSettings
@@ -215,11 +215,6 @@ class LeasePool:
                     self.revoked += len(reply.revoked)
                     log.info("leases revoked job=%s count=%d", self.job, len(reply.revoked))
         self._note()
-
-    async def shrink(self, count: int) -> int:
-        """Release up to `count` leases (the latest acquired first); return how many went."""
-        ids = list(self.leases)[-count:] if count > 0 else []
-        return await self._release_ids(ids)
 
     async def release(self) -> int:
         """Release every lease now, in batches per node, in parallel; return the count."""

@@ -20,7 +20,7 @@ import attrs
 
 from vramfabric.broker.errors import ServerError
 from vramfabric.broker.server import NatsServer, die_with_parent
-from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.settings import BrokerSettings, parse_size
 
 if TYPE_CHECKING:
     # Imported where a tenants file is used: `vramfabric up` without one starts sooner.
@@ -94,6 +94,11 @@ class LocalFleet:
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
+        from vramfabric.worker.gpus import check_slice, parse_simulate
+
+        # Said here, before anything starts: a worker's own refusal would only show as its
+        # exit code (its stderr is not kept unless `verbose`).
+        check_slice(parse_simulate(self.simulate), parse_size(self.slice_size))
         if self.fork:
             if self.tenants_file is not None:
                 # A forked worker would hold a copy of every password this process read.

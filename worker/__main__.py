@@ -204,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         broker = BrokerSettings.from_env()
         settings = worker_settings(args)
+        if settings.simulate:  # its GPUs are known now: refuse before connecting
+            from .gpus import check_slice, parse_simulate
+
+            check_slice(parse_simulate(settings.simulate), settings.slice_bytes)
     except (ValueError, ImportError) as exc:
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_USAGE

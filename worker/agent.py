@@ -31,7 +31,7 @@ from vramfabric.kernels.code import python_version
 from .adverts import Heartbeat
 from .calls import CallService
 from .fairness import AdvertBook, FleetShare
-from .gpus import GpuSpec, discover_nvml, parse_simulate
+from .gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
@@ -50,12 +50,15 @@ JobKey = tuple[str, str]  # (tenant, job)
 
 
 def discover(settings: WorkerSettings) -> tuple[GpuSpec, ...]:
-    """The node's GPUs: simulated when asked, else NVML; ValueError if there are none."""
-    if settings.simulate:
-        return parse_simulate(settings.simulate)
-    gpus = discover_nvml()
+    """The node's GPUs: simulated when asked, else NVML.
+
+    Raises:
+        ValueError: there are none, or none that holds a slice.
+    """
+    gpus = parse_simulate(settings.simulate) if settings.simulate else discover_nvml()
     if not gpus:
         raise ValueError("no GPU found through NVML; run with --simulate COUNTxSIZE (e.g. 4x48GiB)")
+    check_slice(gpus, settings.slice_bytes)
     return gpus
 
 

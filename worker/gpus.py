@@ -44,6 +44,24 @@ def parse_simulate(spec: str) -> tuple[GpuSpec, ...]:
     return tuple(GpuSpec(i, SIMULATED_MODEL, size, simulated=True) for i in range(count))
 
 
+def check_slice(gpus: tuple[GpuSpec, ...], slice_bytes: int) -> None:
+    """ValueError unless a slice of `slice_bytes` fits on one of `gpus` at least."""
+    largest = max(gpu.total_bytes for gpu in gpus)
+    if slice_bytes > largest:
+        raise ValueError(
+            f"a slice of {_size_text(slice_bytes)} is larger than every GPU here (the largest "
+            f"has {_size_text(largest)}): this node could lease nothing; give a smaller --slice"
+        )
+
+
+def _size_text(n_bytes: int) -> str:
+    """`n_bytes` in the largest binary unit that divides it (as flags are written)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes % size == 0:
+            return f"{n_bytes // size}{unit}"
+    return f"{n_bytes} bytes"
+
+
 def open_nvml() -> Any | None:
     """The initialised pynvml module, or None when pynvml or a driver is missing.
 

@@ -103,6 +103,41 @@ def test_a_grid_past_the_search_space_exits_2_before_connecting(tmp_path: Path) 
     ]
 
 
+@pytest.mark.parametrize(
+    "command, code",
+    [(["up", "--workers", "1"], 1), (["worker"], 2)],
+    ids=["up", "worker"],
+)
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (
+            ["--simulate", "1x4GiB", "--slice", "7GiB"],
+            "a slice of 7GiB is larger than every GPU here (the largest has 4GiB): this node "
+            "could lease nothing; give a smaller --slice",
+        ),
+        (
+            ["--simulate", "bogus"],
+            "not a simulate spec: 'bogus' (expected COUNTxSIZE, e.g. 4x48GiB)",
+        ),
+    ],
+    ids=["slice-larger-than-gpus", "bad-simulate"],
+)
+def test_gpus_that_hold_no_slice_are_refused_before_anything_starts(
+    tmp_path: Path, command: list[str], code: int, flags: list[str], says: str
+) -> None:
+    # Given no server at the URL (a worker that started would wait for one)
+    env = _env(VRAMFABRIC_NATS_URL="nats://127.0.0.1:1", XDG_RUNTIME_DIR=str(tmp_path))
+    # When `up` or a worker is started with GPUs that cannot hold one slice, or no GPUs
+    proc = subprocess.run(
+        [*CLI, *command, *flags], capture_output=True, text=True, timeout=60, env=env
+    )
+    # Then it refuses at once with one line that says why, and leaves nothing running
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [f"vramfabric{' worker' * (code == 2)}: {says}"]
+    assert not (tmp_path / "vramfabric" / "fabric.json").exists()
+
+
 def test_a_closed_pipe_ends_quietly() -> None:
     # Given a command whose output is far longer than its reader wants (`jobs | head -1`)
     code = (
