@@ -1,7 +1,8 @@
-"""`vramfabric`: the parser, `main`, and the demo, up, server, worker and kernel commands.
+"""`vramfabric`: the parser, `main`, and the demo and kernel commands.
 
-`run` is run_command.py; `status`, `jobs`, `job`, `cancel`, `rm` and `gc` are
-fleet_commands.py; the exit codes are exits.py. One cmd_* function per command.
+`server`, `up` and `worker` are serving.py; `run` is run_command.py; `status`, `jobs`,
+`job`, `cancel`, `rm` and `gc` are fleet_commands.py; the exit codes are exits.py. One
+cmd_* function per command.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vramfabric.broker.errors import (
     Disconnected,
@@ -22,7 +21,6 @@ from vramfabric.broker.errors import (
     JobTimeout,
     VramfabricError,
 )
-from vramfabric.worker.flags import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .exits import (
     RET_BROKEN_PIPE,
@@ -35,16 +33,12 @@ from .exits import (
     RET_OK,
     RET_USAGE,
 )
-
-if TYPE_CHECKING:
-    from .authserver import AuthServer
+from .flags import add_metrics_port
+from .serving import SERVING, add_serving
 
 log = logging.getLogger(__name__)
 
 VERBOSITY = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
-# Commands that start parts of a fabric: parsed without the other commands' parsers, whose
-# modules (the coordinator, NumPy, rich) cost `vramfabric up` 0.5 s before it began.
-SERVING = ("server", "up", "worker")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -95,141 +89,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return (RET_OK if plotted else RET_FAILED) if ok else RET_JOB_FAILED
 
 
-def cmd_server(args: argparse.Namespace) -> int:
-    """Run an embedded nats-server in the foreground until interrupted.
-
-    With --tenants, a change to the tenants file (or SIGHUP) is applied while it runs.
-    """
-    import asyncio
-
-    from vramfabric.broker import tenants
-    from vramfabric.broker.cluster import LocalCluster
-    from vramfabric.broker.server import NatsServer
-
-    from .report import err
-
-    if args.cluster > 1 and args.tenants:
-        # The cluster would start without the tenants' config: auth silently off.
-        err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
-        return RET_USAGE
-    # Block the signals first so sigtimedwait receives them instead of their default action.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    server: NatsServer | LocalCluster | AuthServer
-    authed: AuthServer | None = None
-    if args.cluster > 1:
-        server = LocalCluster(size=args.cluster, base_dir=args.store).start()
-        asyncio.run(server.wait_jetstream())
-        hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
-    elif args.tenants:
-        server = authed = _auth_server(args)
-        hint = (
-            f"export VRAMFABRIC_NATS_URL={authed.server.url} VRAMFABRIC_NATS_USER=<tenant> "
-            "VRAMFABRIC_TENANT=<tenant> VRAMFABRIC_NATS_PASSWORD=<its password>; "
-            "workers (no passwords but their own): "
-            f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} "
-            f"VRAMFABRIC_TENANTS={authed.policy_file}"
-        )
-    else:
-        server = NatsServer(port=args.port, store_dir=args.store).start()
-        hint = f"export VRAMFABRIC_NATS_URL={server.url}"
-    print(f"nats-server ready: {hint}", flush=True)
-    try:
-        while True:
-            # Woken each second to notice a rewritten tenants file.
-            got = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP}, 1.0)
-            if got is not None and got.si_signo != signal.SIGHUP:
-                break
-            if authed is not None and (got is not None or authed.changed()):
-                _reload(authed)
-    finally:
-        server.stop()
-    return RET_OK
-
-
-def _reload(authed: AuthServer) -> None:
-    """Apply the tenants file again; a bad file is one error line, the old tenants stay."""
-    from .report import err
-
-    try:
-        count = authed.reload()
-    except (ValueError, VramfabricError) as exc:
-        err.print(f"vramfabric server: tenants not reloaded: {exc}", soft_wrap=True)
-        return
-    print(f"tenants reloaded: {count} tenant(s)", flush=True)
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    """Run a local fabric (embedded server and simulated workers) until interrupted."""
-    from vramfabric.broker import discovery
-
-    from .local import LocalFleet
-
-    path, pid = discovery.discovery_path(os.environ), os.getpid()
-    if (running := discovery.live_url(os.environ)) is not None:
-        from .report import err
-
-        # A second `up` would take the discovery file over and delete it on exit.
-        err.print(
-            f"vramfabric up: a fabric is already up at {running} (see {path}); "
-            "stop it first, or give this one its own XDG_RUNTIME_DIR"
-        )
-        return RET_FAILED
-    fleet = LocalFleet(
-        workers=args.workers,
-        simulate=args.simulate,
-        slice_size=args.slice,
-        port=args.port,
-        worker_args=("--allow-code",) if args.allow_code else (),
-        verbose=args.verbose > 1,
-        metrics_port=args.metrics_port,
-        fork=True,  # this process holds no thread and no secret: workers start 0.15 s sooner
-    )
-    try:
-        fleet.start()
-        if fleet.metrics_urls:
-            print(f"worker metrics: {' '.join(fleet.metrics_urls)}", file=sys.stderr, flush=True)
-        # Blocked only now: children inherit the mask, and workers must still get SIGTERM.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        discovery.write(path, fleet.broker.url, pid)
-        print(
-            f"vramfabric up: {fleet.broker.url} ({args.workers} worker(s) of {args.simulate}); "
-            f"clients find it through {path}; Ctrl-C stops it",
-            flush=True,
-        )
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    finally:
-        discovery.remove(path, pid)
-        fleet.stop()
-    return RET_OK
-
-
-def _auth_server(args: argparse.Namespace) -> AuthServer:
-    """A server with the tenants file's config, provisioned, and the workers' policy file.
-
-    The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
-    holds it in plain text (a bcrypt hash cannot log in).
-    """
-    from vramfabric.broker import tenants
-    from vramfabric.broker.settings import BrokerSettings
-
-    from .authserver import AuthServer
-
-    file = tenants.load(args.tenants)
-    password = os.environ.get("VRAMFABRIC_NATS_PASSWORD") or file.operator.password
-    if not password or password.startswith("$2"):
-        raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
-    return AuthServer(
-        Path(args.tenants), BrokerSettings.from_env(), password, args.port, args.store
-    ).start()
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    """Run a node agent ."""
-    from vramfabric.worker.__main__ import run
-
-    return run(args)
-
-
 def cmd_kernel_check(args: argparse.Namespace) -> int:
     """Compile a CUDA source with NVRTC for the target architectures; errors name the line."""
     from vramfabric.kernels.nvrtc import check_source
@@ -251,24 +110,6 @@ def cmd_kernel_check(args: argparse.Namespace) -> int:
     return RET_OK
 
 
-def add_metrics_port(
-    parser: argparse.ArgumentParser, whose: str, default: int | None = None
-) -> None:
-    """The `--metrics-port [PORT]` flag of a command serving metrics (default: a coordinator)."""
-    if default is None:
-        from vramfabric.coordinator.metrics import DEFAULT_PORT
-
-        default = DEFAULT_PORT
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        nargs="?",
-        const=default,
-        help=f"serve Prometheus metrics ({whose}) on this port ({default} if no "
-        "number, 0: any free ports)",
-    )
-
-
 def build_parser(serving_only: bool = False) -> argparse.ArgumentParser:
     """The argument parser with every subcommand (or only the SERVING ones)."""
     parser = argparse.ArgumentParser(
@@ -278,7 +119,7 @@ def build_parser(serving_only: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     if not serving_only:
         _add_demo(sub)
-    _add_serving(sub)
+    add_serving(sub)
     if not serving_only:
         _add_client_commands(sub)
     return parser
@@ -310,38 +151,6 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--auth", action="store_true", help="run with auth on: a generated tenants file")
     p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
     p.set_defaults(handler=cmd_demo)
-
-
-def _add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `server`, `up` and `worker` commands."""
-    p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
-    p.add_argument("--port", type=int, default=4222)
-    p.add_argument("--store", help="JetStream store directory (default: a temp dir)")
-    p.add_argument(
-        "--cluster",
-        type=int,
-        default=1,
-        choices=(1, 3, 5),
-        help="run a local cluster of this many routed servers (free ports)",
-    )
-    p.add_argument(
-        "--tenants",
-        help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
-    )
-    p.set_defaults(handler=cmd_server)
-    p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--simulate", default="4x80GiB", help="GPUs per worker (default 4x80GiB)")
-    p.add_argument("--slice", default="512MiB", help="workers' slice size (default 512MiB)")
-    p.add_argument("--port", type=int, default=-1, help="server port (default: a free one)")
-    p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
-    add_metrics_port(p, "the workers': worker i on PORT+i", DEFAULT_WORKER_METRICS_PORT)
-    p.set_defaults(handler=cmd_up)
-    from vramfabric.worker.flags import add_arguments
-
-    p = sub.add_parser("worker", help="run a node agent")
-    add_arguments(p)
-    p.set_defaults(handler=cmd_worker)
 
 
 def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -107,7 +107,7 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1
     SIGTERM drains: running chunks finish within the grace, every lease is released.
     """
     # The agent's modules load here, not with this module: `vramfabric up` and the other
-    # commands that only parse the worker's flags (fabric/cli.py) do not pay for them.
+    # commands that only parse the worker's flags (fabric/serving.py) do not pay for them.
     from .agent import Agent
     from .colocated import Colocated
     from .metrics import WorkerMetrics
