@@ -93,3 +93,20 @@ def children_of(pid: int) -> list[int]:
             except (FileNotFoundError, ProcessLookupError):
                 continue
     return out
+
+
+def survivors_of_kill(proc: subprocess.Popen[bytes], kids: list[int]) -> list[int]:
+    """Kill `proc` -9 (no cleanup code of its own runs); the `kids` still alive after 30 s."""
+    proc.kill()
+    proc.wait(10)
+    poll_until(lambda: not any(alive(k) for k in kids), timeout_s=30)
+    return [k for k in kids if alive(k)]
+
+
+def kill_and_close(proc: subprocess.Popen[bytes]) -> None:
+    """Make sure a piped command is gone, and close its pipes."""
+    proc.kill()
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import alive, children_of, eventually, poll_until, wait_for_line
+from tests.helpers import children_of, eventually, kill_and_close, survivors_of_kill, wait_for_line
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.cluster import free_ports
@@ -79,19 +79,11 @@ def test_killing_the_demo_leaves_no_server_or_worker_process() -> None:
         wait_for_line(proc.stderr, "agent started", timeout_s=30)
         kids = children_of(proc.pid)
         assert kids, "the demo has child processes"
-        # When the demo is killed -9 (no cleanup code can run)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        # Then the kernel takes its children down with it
-        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=30), [
-            k for k in kids if alive(k)
-        ]
+        # When the demo is killed -9 (no cleanup code can run), then the kernel takes its
+        # children down with it
+        assert survivors_of_kill(proc, kids) == []
     finally:
-        proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
+        kill_and_close(proc)
 
 
 def test_cli_run_and_status_against_a_running_fabric(

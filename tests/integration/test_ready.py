@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import alive, children_of, eventually, poll_until, wait_for_line
+from tests.helpers import (
+    children_of,
+    eventually,
+    kill_and_close,
+    survivors_of_kill,
+    wait_for_line,
+)
 from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.server import die_with_parent
@@ -127,17 +133,9 @@ async def test_up_forks_workers_that_each_run_chunks_and_die_with_it(tmp_path: P
         assert result.n_failed == 0, result.failures
         assert set(result.value) == workers
         # And when `up` is killed -9 (no cleanup of its own runs), its workers and server go too
-        up.kill()
-        up.wait(10)
-        assert poll_until(lambda: not any(alive(k) for k in kids), timeout_s=30), [
-            k for k in kids if alive(k)
-        ]
+        assert survivors_of_kill(up, kids) == []
     finally:
-        up.kill()
-        up.wait()
-        for stream in (up.stdout, up.stderr):
-            assert stream is not None
-            stream.close()
+        kill_and_close(up)
 
 
 def test_forked_workers_refuse_a_tenants_file(tmp_path: Path) -> None:
