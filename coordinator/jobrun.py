@@ -272,10 +272,7 @@ class JobRun:
             log.warning("job consumer not deleted job=%s error=%s", self.spec.job_id, exc)
 
     async def _grow(self, target: int, rest_now: bool = False) -> None:
-        """Keep adding leases mid-run as the fleet frees capacity, up to what is left to do.
-
-        With `rest_now` the first round asks at once, for what the first request left out.
-        """
+        """Add leases as the fleet frees capacity, up to what is left (`rest_now`: ask at once)."""
         pool = self.pool
         while not pool.closing:
             if not rest_now:
@@ -293,11 +290,9 @@ class JobRun:
                 # leases unknown to the pool, held until their TTL.
                 self._acquiring = asyncio.ensure_future(pool.acquire(want))
                 added = await asyncio.shield(self._acquiring)
-                if added:
-                    log.log(
-                        logging.DEBUG if rest_now else logging.INFO,
-                        "leases added %s job=%s added=%d held=%d",
-                        "after the first" if rest_now else "mid-run",
+                if added and not rest_now:  # the rest after the first request is no news
+                    log.info(
+                        "leases added mid-run job=%s added=%d held=%d",
                         self.spec.job_id,
                         added,
                         len(pool),
