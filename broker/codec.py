@@ -204,7 +204,7 @@ def _optional(conv: Conv) -> Conv:
 
 
 def _tuple_of(conv: Conv) -> Conv:
-    return lambda v: tuple(conv(x) for x in _expect(list, v))
+    return lambda v: tuple(map(conv, _expect(list, v)))
 
 
 def _map_of(conv: Conv) -> Conv:

@@ -44,6 +44,15 @@ class Window:
     _bytes: int = attrs.field(default=0, init=False)
     _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _freed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # any place freed
+    # The submitter is woken only once a batch's worth is free (at most this many chunks and
+    # bytes in flight), so it publishes batches rather than one chunk per freed place.
+    _refill_chunks: int = attrs.field(init=False)
+    _refill_bytes: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """The refill marks, from the limits (a result of each chunk checks them)."""
+        self._refill_chunks = self.max_chunks - max(1, min(_BATCH, self.max_chunks // 4))
+        self._refill_bytes = self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -66,12 +75,7 @@ class Window:
             return
         self._bytes -= size
         self._freed.set()
-        # Wake the submitter only once a batch's worth is free, so it publishes batches
-        # rather than one chunk per freed place.
-        refill = max(1, min(_BATCH, self.max_chunks // 4))
-        if len(self._inflight) <= self.max_chunks - refill and (
-            self._bytes <= self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
-        ):
+        if len(self._inflight) <= self._refill_chunks and self._bytes <= self._refill_bytes:
             self._room.set()
 
     async def wait_below(self, n_chunks: int, timeout_s: float | None = None) -> None:

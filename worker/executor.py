@@ -149,26 +149,30 @@ class Executor:
 
     def _run_pack(self, frame: dict[str, Any]) -> bytes:
         """Run a pack's chunks one after another; their outcomes, each its own."""
+        inputs = frame["inputs"]
+        try:
+            run = self.runner.bind(frame)
+        except Exception as exc:  # recorded: every chunk's outcome names it
+            if is_cuda_error(exc):
+                raise  # the whole process is suspect: `_run` reports it and exits
+            return ipc.pack_outcomes([_failed(exc)] * len(inputs))
+        gpu, xp, slice_bytes = self.runner.gpu, self.runner.xp, frame["slice_bytes"]
+        attempt, job = frame["attempt"], frame["job"]
         outcomes: list[ipc.Outcome] = []
-        for offset, data in enumerate(frame["inputs"]):
-            chunk = {**frame, "input": data, "index": frame["index"] + offset}
+        for index, data in enumerate(inputs, frame["index"]):
+            # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
+            # are not kept (one KV write per tiny chunk would cost more than the chunk).
+            ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
             try:
-                outcomes.append((True, self.runner.execute(chunk, self._context(chunk))))
-            except Failure as exc:
-                outcomes.append((False, exc.kind.value, str(exc)))
+                outcomes.append((True, run(bytes(data), ctx)))
             except Exception as exc:  # recorded: this chunk's outcome names it
                 if is_cuda_error(exc):
-                    raise  # the whole process is suspect: `_run` reports it and exits
-                # Unexpected exceptions in user code are permanent, for this chunk alone.
-                outcomes.append((False, ErrorKind.ERROR.value, summary(exc)))
+                    raise
+                outcomes.append(_failed(exc))
         return ipc.pack_outcomes(outcomes)
 
     def _context(self, frame: dict[str, Any]) -> Context:
-        task = frame["task"]
-        resumed = frame.get("resumed")
-        # A packed chunk is short and a redelivered pack starts afresh: its checkpoints are
-        # not kept (one KV write per tiny chunk would cost more than the chunk).
-        packed = "inputs" in frame
+        task, resumed = frame["task"], frame.get("resumed")
         return Context(
             device=self.runner.gpu,
             slice_bytes=frame["slice_bytes"],
@@ -176,8 +180,8 @@ class Executor:
             attempt=frame["attempt"],
             job=frame["job"],
             index=frame["index"],
-            resumed=None if packed or resumed is None else pickle.loads(resumed),
-            save=_discard if packed else lambda state: self._checkpoint(task, state),
+            resumed=None if resumed is None else pickle.loads(resumed),
+            save=lambda state: self._checkpoint(task, state),
         )
 
     def _checkpoint(self, task: int, state: bytes) -> None:
@@ -195,6 +199,13 @@ class Executor:
                 raise RuntimeError(f"checkpoint not stored: {waiter[1][0]}")
         finally:
             del self._checkpoints[task]
+
+
+def _failed(exc: Exception) -> ipc.Outcome:
+    """A chunk's outcome for what its work raised (unexpected ones are permanent)."""
+    if isinstance(exc, Failure):
+        return (False, exc.kind.value, str(exc))
+    return (False, ErrorKind.ERROR.value, summary(exc))
 
 
 def _discard(_state: bytes) -> None:

@@ -11,6 +11,7 @@ caller's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import traceback
@@ -68,10 +69,20 @@ class WorkRunner:
 
     def execute(self, frame: dict[str, Any], ctx: Context) -> bytes:
         """Run one `run` frame's work; Failure for a known kind of failure."""
-        kind, data, slice_bytes = frame["kind"], bytes(frame["input"]), frame["slice_bytes"]
-        if self.gpu is None:
-            return self._dispatch(kind, frame, data, slice_bytes, ctx)
-        return self._on_gpu(kind, frame, data, slice_bytes, ctx)
+        return self.bind(frame)(bytes(frame["input"]), ctx)
+
+    def bind(self, frame: dict[str, Any]) -> Callable[[bytes, Context], bytes]:
+        """The frame's work as a function of one input, resolved once: a pack's chunks share it.
+
+        Resolving it (a Python function unpickled once per process) and each run raise Failure
+        for a known kind of failure. Per chunk, resolving it again was most of what a packed
+        tiny chunk cost here beside its own work.
+        """
+        slice_bytes = frame["slice_bytes"]
+        run = _failing_as(slice_bytes, self._resolve, frame["kind"], frame, slice_bytes)
+        if self.gpu is not None:
+            run = functools.partial(self._on_gpu, frame["lease"], slice_bytes, run)
+        return lambda data, ctx: _failing_as(slice_bytes, run, data, ctx)
 
     def end_lease(self, lease_id: str) -> None:
         """The agent says the lease ended: free its stream and pool (after its running chunk)."""
@@ -79,7 +90,12 @@ class WorkRunner:
             self.devices.end(lease_id)
 
     def _on_gpu(
-        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
+        self,
+        lease: str,
+        slice_bytes: int,
+        run: Callable[[bytes, Context], bytes],
+        data: bytes,
+        ctx: Context,
     ) -> bytes:
         cupy = self.xp
         assert self.devices is not None
@@ -87,39 +103,24 @@ class WorkRunner:
         # using_allocator and the current stream are per thread: this chunk's alone.
         with (
             cupy.cuda.Device(0),
-            self.devices.using(frame["lease"], slice_bytes) as device,
+            self.devices.using(lease, slice_bytes) as device,
             device.stream,
             cupy.cuda.using_allocator(device.pool.malloc),
         ):
-            out = self._dispatch(kind, frame, data, slice_bytes, ctx)
+            out = run(data, ctx)
             device.stream.synchronize()
             return out
 
-    def _dispatch(
-        self, kind: str, frame: dict[str, Any], data: bytes, slice_bytes: int, ctx: Context
-    ) -> bytes:
-        try:
-            if kind == "builtin":
-                return self._builtin(frame, data, slice_bytes)
-            if kind == "python":
-                code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
-                return code.call(fn, data, ctx)  # type: ignore[no-any-return]
-            if kind == "cuda":
-                return self._cuda(frame, data, slice_bytes)
-        except KernelMissing as exc:
-            raise Failure(ErrorKind.KERNEL_NOT_FOUND, str(exc.args[0])) from None
-        except KernelCompileError as exc:
-            raise Failure(ErrorKind.LOAD_FAILED, f"{exc}\n{exc.log}".strip()) from None
-        except NoReference as exc:
-            raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
-        except KernelArgumentError as exc:
-            raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
-        except MemoryError as exc:
-            # CuPy's OutOfMemoryError (a MemoryError) knows the size it was asked for.
-            exceeded = SliceVramExceeded(slice_bytes, getattr(exc, "_size", 0))
-            raise Failure(
-                exceeded.kind, f"{exceeded} ({exc})" if str(exc) else str(exceeded)
-            ) from None
+    def _resolve(
+        self, kind: str, frame: dict[str, Any], slice_bytes: int
+    ) -> Callable[[bytes, Context], bytes]:
+        if kind == "builtin":
+            return lambda data, _ctx: self._builtin(frame, data, slice_bytes)
+        if kind == "python":
+            code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
+            return lambda data, ctx: code.call(fn, data, ctx)
+        if kind == "cuda":
+            return lambda data, _ctx: self._cuda(frame, data, slice_bytes)
         raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
 
     def _builtin(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
@@ -164,12 +165,22 @@ class WorkRunner:
             return self._loaded[digest]
 
 
-def _vram_failure(slice_bytes: int, exc: MemoryError) -> Failure:
-    """The chunk's failure for an allocation past its slice (CuPy's pool) or out of memory."""
-    requested = getattr(exc, "_size", None)  # CuPy's OutOfMemoryError knows what it was asked
-    if requested is None:
-        return Failure(ErrorKind.VRAM_EXCEEDED, f"slice VRAM exceeded: limit_bytes={slice_bytes}")
-    return Failure(ErrorKind.VRAM_EXCEEDED, f"{SliceVramExceeded(slice_bytes, requested)} ({exc})")
+def _failing_as(slice_bytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, a kernel's error raised as the chunk's Failure of its kind."""
+    try:
+        return fn(*args)
+    except KernelMissing as exc:
+        raise Failure(ErrorKind.KERNEL_NOT_FOUND, str(exc.args[0])) from None
+    except KernelCompileError as exc:
+        raise Failure(ErrorKind.LOAD_FAILED, f"{exc}\n{exc.log}".strip()) from None
+    except NoReference as exc:
+        raise Failure(ErrorKind.LOAD_FAILED, str(exc)) from None
+    except KernelArgumentError as exc:
+        raise Failure(ErrorKind.LAUNCH_FAILED, str(exc)) from None
+    except MemoryError as exc:
+        # CuPy's OutOfMemoryError (a MemoryError) knows the size it was asked for.
+        exceeded = SliceVramExceeded(slice_bytes, getattr(exc, "_size", 0))
+        raise Failure(exceeded.kind, f"{exceeded} ({exc})" if str(exc) else str(exceeded)) from None
 
 
 def summary(exc: BaseException) -> str:

@@ -35,6 +35,8 @@ class ExecutorLayout:
     # Leases per lane, kept as leases come and go: counting them over every lease for each
     # new one was a quarter of an agent's CPU when a job leased 160 slices at once.
     _load: collections.Counter[ExecKey] = attrs.field(factory=collections.Counter, init=False)
+    # Each (GPU, tenant)'s lane keys, made once: a job leasing 160 slices asks 160 times.
+    _lanes: dict[tuple[int, str], tuple[ExecKey, ...]] = attrs.field(factory=dict, init=False)
 
     def key_of(self, lease: Lease, kind: str) -> ExecKey:
         """The executor `lease`'s chunks of work `kind` (builtin, cuda, python) run in."""
@@ -52,9 +54,14 @@ class ExecutorLayout:
 
     def _lane(self, lease: Lease) -> ExecKey:
         """The tenant's first lane on the GPU that no lease uses, else its least loaded."""
-        lanes = [(lease.gpu, lease.tenant, f"{LANE}{n}") for n in range(self.lanes)]
-        free = [key for key in lanes if key not in self._load]
-        return free[0] if free else min(lanes, key=self._load.__getitem__)
+        lanes = self._lanes.get((lease.gpu, lease.tenant))
+        if lanes is None:
+            lanes = tuple((lease.gpu, lease.tenant, f"{LANE}{n}") for n in range(self.lanes))
+            self._lanes[(lease.gpu, lease.tenant)] = lanes
+        for key in lanes:
+            if key not in self._load:
+                return key
+        return min(lanes, key=self._load.__getitem__)
 
     def live_keys(self, live: set[str]) -> set[ExecKey]:
         """Forget leases not in `live`; the keys the live ones use."""

@@ -1,0 +1,67 @@
+"""worker/executor.py: a pack's chunks run in one frame, each with its own outcome and context."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import pickle
+from typing import Any
+
+from vramfabric.coordinator.work import job_work
+from vramfabric.kernels.code import Context, encode_input
+from vramfabric.worker import ipc
+from vramfabric.worker.executor import Executor
+
+
+def index_or_fail(x: int, ctx: Context) -> tuple[int, int, str]:
+    """Each chunk's own index and job from its context; input 3 raises."""
+    if x == 3:
+        raise ArithmeticError("three is refused")
+    return x * 10, ctx.index, ctx.job
+
+
+def _executor() -> Executor:
+    args = argparse.Namespace(kernel_module=[], simulated=True, slots=1)
+    return Executor(args, io.BytesIO())
+
+
+def _frame(digest: str, inputs: list[bytes], first: int = 40) -> dict[str, Any]:
+    return {
+        "op": "run",
+        "task": 1,
+        "kind": "python",
+        "name": "fn",
+        "digest": digest,
+        "args": {},
+        "inputs": inputs,
+        "index": first,
+        "attempt": 1,
+        "job": "jobp",
+        "resumed": None,
+        "slice_bytes": 2**20,
+        "lease": "l1",
+    }
+
+
+def test_each_packed_chunk_gets_its_own_output_context_and_failure() -> None:
+    work = job_work(index_or_fail)
+    assert work.blob is not None
+    executor = _executor()
+    executor.runner.add_blob(work.digest, work.blob)
+    inputs = [encode_input(x) for x in range(5)]
+    outcomes = ipc.unpack_outcomes(executor._run_pack(_frame(work.digest, inputs)), 5)
+    ok = {i: pickle.loads(o[1]) for i, o in enumerate(outcomes) if o[0]}
+    # Chunk 40 + i ran with index 40 + i; only the chunk whose input raised failed.
+    assert ok == {i: (i * 10, 40 + i, "jobp") for i in (0, 1, 2, 4)}
+    failed = outcomes[3]
+    assert failed[0] is False and failed[1] == "error"
+    assert "ArithmeticError: three is refused" in str(failed[2])
+
+
+def test_a_pack_whose_work_cannot_load_fails_every_chunk_with_the_reason() -> None:
+    executor = _executor()
+    inputs = [encode_input(x) for x in range(3)]
+    outcomes = ipc.unpack_outcomes(executor._run_pack(_frame("ab" * 32, inputs)), 3)
+    for outcome in outcomes:
+        assert outcome[:2] == (False, "load_failed")
+        assert "never loaded" in str(outcome[2])
