@@ -20,6 +20,11 @@ def index_or_fail(x: int, ctx: Context) -> tuple[int, int, str]:
     return x * 10, ctx.index, ctx.job
 
 
+def _outcomes(executor: Executor, frame: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What the agent reads back from a pack's frame: one outcome per chunk."""
+    return [tuple(o) for o in ipc.unpack_outcomes(executor._run_pack(frame), len(frame["inputs"]))]
+
+
 def _executor() -> Executor:
     args = argparse.Namespace(kernel_module=[], simulated=True, slots=1)
     return Executor(args, io.BytesIO())
@@ -49,7 +54,7 @@ def test_each_packed_chunk_gets_its_own_output_context_and_failure() -> None:
     executor = _executor()
     executor.runner.add_blob(work.digest, work.blob)
     inputs = [encode_input(x) for x in range(5)]
-    outcomes = ipc.unpack_outcomes(executor._run_pack(_frame(work.digest, inputs)), 5)
+    outcomes = _outcomes(executor, _frame(work.digest, inputs))
     ok = {i: pickle.loads(o[1]) for i, o in enumerate(outcomes) if o[0]}
     # Chunk 40 + i ran with index 40 + i; only the chunk whose input raised failed.
     assert ok == {i: (i * 10, 40 + i, "jobp") for i in (0, 1, 2, 4)}
@@ -61,7 +66,7 @@ def test_each_packed_chunk_gets_its_own_output_context_and_failure() -> None:
 def test_a_pack_whose_work_cannot_load_fails_every_chunk_with_the_reason() -> None:
     executor = _executor()
     inputs = [encode_input(x) for x in range(3)]
-    outcomes = ipc.unpack_outcomes(executor._run_pack(_frame("ab" * 32, inputs)), 3)
+    outcomes = _outcomes(executor, _frame("ab" * 32, inputs))
     for outcome in outcomes:
         assert outcome[:2] == (False, "load_failed")
         assert "never loaded" in str(outcome[2])
