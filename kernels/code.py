@@ -12,6 +12,8 @@ Unpickling runs code: only executor processes of workers started with `--allow-c
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import inspect
 import pickle
@@ -199,9 +201,103 @@ def dumps_by_value(obj: Any) -> bytes:
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+        located = _Located(obj, _code_files(obj))
+        return cloudpickle.dumps(located, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
     except Exception as exc:  # pickling fails in many ways (locks, sockets, C objects)
         raise TypeError(f"cannot pickle {obj!r}: {type(exc).__name__}: {exc}") from None
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+# What cloudpickle (3.1.3 and later) names the file of code it pickles by value.
+_DYNAMIC_FILE = "<dynamic-code>"
+# A pickled function's reachable functions are walked up to this many (a guard, not a need).
+_MAX_FUNCTIONS = 1000
+
+_CodeKey = tuple[str, int]
+
+
+@attrs.frozen
+class _Located:
+    """An object to pickle, with the files its functions were defined in.
+
+    cloudpickle 3.1.3 ships by-value code as from "<dynamic-code>", which would leave a
+    remote traceback without the user's file name and source lines; unpickling restores them.
+    """
+
+    obj: Any
+    files: dict[_CodeKey, str]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_relocated, (self.obj, self.files))
+
+
+def _relocated(obj: Any, files: dict[_CodeKey, str]) -> Any:
+    """`obj` unpickled, its functions' code named after the files they came from."""
+    for fn in _functions(obj):
+        code = fn.__code__
+        filename = files.get((code.co_qualname, code.co_firstlineno))
+        if code.co_filename == _DYNAMIC_FILE and filename:
+            fn.__code__ = _refiled(code, filename)
+    return obj
+
+
+def _code_files(obj: Any) -> dict[_CodeKey, str]:
+    """Each function reachable from `obj` (by qualified name and first line): its file."""
+    return {
+        (fn.__code__.co_qualname, fn.__code__.co_firstlineno): fn.__code__.co_filename
+        for fn in _functions(obj)
+    }
+
+
+def _refiled(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` and the code nested in it (lambdas, inner functions) named after `filename`."""
+    consts = tuple(
+        _refiled(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """The user's functions `obj` reaches: itself, its closures, the globals its code names.
+
+    Installed code (the standard library, packages) is pickled by reference and not walked.
+    """
+    found: dict[int, types.FunctionType] = {}
+    todo = [obj]
+    while todo and len(found) < _MAX_FUNCTIONS:
+        item = todo.pop()
+        if isinstance(item, functools.partial):
+            todo.append(item.func)
+            continue
+        if isinstance(item, types.MethodType):
+            item = item.__func__
+        if not isinstance(item, types.FunctionType) or id(item) in found:
+            continue
+        code = item.__code__
+        if code.co_filename.startswith(_INSTALLED):
+            continue
+        found[id(item)] = item
+        todo.extend(_closure_values(item))
+        names = _global_names(code)
+        todo.extend(value for name, value in item.__globals__.items() if name in names)
+    return list(found.values())
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names `code` and the code nested in it may read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _closure_values(fn: types.FunctionType) -> list[Any]:
+    """The values `fn`'s closure holds (variables not assigned yet have none)."""
+    values = []
+    for cell in fn.__closure__ or ():
+        with contextlib.suppress(ValueError):  # a closure variable not assigned yet
+            values.append(cell.cell_contents)
+    return values

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,14 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from vramfabric.kernels.code import Context, PythonCode, encode_input, python_version, wants_context
+from vramfabric.kernels.code import (
+    Context,
+    PythonCode,
+    dumps_by_value,
+    encode_input,
+    python_version,
+    wants_context,
+)
 from vramfabric.kernels.kernel import KernelArgumentError
 
 OFFSET = 7
@@ -26,6 +34,16 @@ def add_offset(x: int) -> int:
 def with_ctx(x: int, ctx: Context) -> tuple[int, int, int | None]:
     ctx.checkpoint({"seen": x})
     return x, ctx.slice_bytes, ctx.device
+
+
+def check_positive(x: int) -> int:
+    if x < 0:
+        raise ValueError(f"{x} is negative")  # the line a remote traceback must show
+    return x
+
+
+def through_a_lambda(x: int) -> int:
+    return (lambda y: check_positive(y))(x)
 
 
 def context(saved: list[bytes]) -> Context:
@@ -70,6 +88,19 @@ def test_a_function_from_a_test_file_runs_where_the_file_cannot_be_imported(
     # Then it computes with the constant it carried
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "8"
+
+
+def test_an_unpickled_functions_traceback_names_its_file_and_shows_its_lines() -> None:
+    # Given a function that fails inside a lambda inside a helper, pickled by value
+    fn = cloudpickle.loads(dumps_by_value(through_a_lambda))
+    # When it raises where it was unpickled
+    with pytest.raises(ValueError) as caught:
+        fn(-1)
+    text = "".join(traceback.format_exception(caught.value))
+    # Then every frame of the user's code names this file (not "<dynamic-code>") and its line
+    assert text.count(f'File "{__file__}"') == 4, text  # the test, the function, lambda, helper
+    assert "<dynamic-code>" not in text
+    assert 'raise ValueError(f"{x} is negative")' in text
 
 
 def test_another_python_version_is_refused_naming_both() -> None:
