@@ -49,8 +49,11 @@ class WorkerSettings:
     isolation: str = attrs.field(default="thread", validator=attrs.validators.in_(ISOLATIONS))
     allow_code: bool = False
     chunk_timeout_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
-    # An executor no lease needs is stopped after this long idle.
-    executor_idle_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    # An executor no lease needs is stopped after this long idle; None: by the GPU's kind
+    # (worker/pool.py: 30 s on a real GPU, 600 s on a simulated one).
+    executor_idle_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(0))
+    )
     inline_output_bytes: int = attrs.field(
         default=256 * 2**10, validator=[attrs.validators.gt(0), attrs.validators.le(512 * 2**10)]
     )
@@ -80,23 +83,17 @@ class WorkerSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
         """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
-        kwargs: dict[str, object] = {}
-        if environ.get("VRAMFABRIC_NODE"):
-            kwargs["node"] = environ["VRAMFABRIC_NODE"]
-        if environ.get("VRAMFABRIC_SIMULATE"):
-            kwargs["simulate"] = environ["VRAMFABRIC_SIMULATE"]
+        kwargs: dict[str, object] = {
+            field: environ[name] for name, field in _TEXT_SETTINGS if environ.get(name)
+        }
         if environ.get("VRAMFABRIC_SLICE"):
             kwargs["slice_bytes"] = env_size(environ, "VRAMFABRIC_SLICE", 0)
-        if environ.get("VRAMFABRIC_METRICS_ADDR"):
-            kwargs["metrics_addr"] = environ["VRAMFABRIC_METRICS_ADDR"]
-        if environ.get("VRAMFABRIC_ISOLATION"):
-            kwargs["isolation"] = environ["VRAMFABRIC_ISOLATION"]
         if environ.get("VRAMFABRIC_ALLOW_CODE"):
             kwargs["allow_code"] = _flag(environ, "VRAMFABRIC_ALLOW_CODE")
-        if environ.get("VRAMFABRIC_TENANTS"):
-            kwargs["tenants_file"] = environ["VRAMFABRIC_TENANTS"]
         if environ.get("VRAMFABRIC_EXECUTOR_UIDS"):
             kwargs["executor_uids"] = _uids(environ, "VRAMFABRIC_EXECUTOR_UIDS")
+        if environ.get("VRAMFABRIC_EXECUTOR_IDLE_S"):
+            kwargs["executor_idle_s"] = env_float(environ, "VRAMFABRIC_EXECUTOR_IDLE_S", 0.0)
         if environ.get("VRAMFABRIC_METRICS_PORT"):
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
@@ -110,6 +107,16 @@ class WorkerSettings:
             executor_starts=env_int(environ, "VRAMFABRIC_EXECUTOR_STARTS", cpu_count()),
             **kwargs,  # type: ignore[arg-type]
         )
+
+
+# Variables read as they are: (name, WorkerSettings field).
+_TEXT_SETTINGS = (
+    ("VRAMFABRIC_NODE", "node"),
+    ("VRAMFABRIC_SIMULATE", "simulate"),
+    ("VRAMFABRIC_METRICS_ADDR", "metrics_addr"),
+    ("VRAMFABRIC_ISOLATION", "isolation"),
+    ("VRAMFABRIC_TENANTS", "tenants_file"),
+)
 
 
 def cpu_count() -> int:

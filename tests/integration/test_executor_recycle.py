@@ -1,8 +1,10 @@
-"""An executor that loaded many works is replaced by a fresh one: its memory does not grow."""
+"""Executors are replaced: one that loaded many works (its memory does not grow), one left idle."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
@@ -19,6 +21,27 @@ def numbered(k: int) -> Callable[[int], tuple[int, int]]:
         return k + x, os.getpid()
 
     return where
+
+
+def pid_of_executor(_x: int) -> int:
+    """The process the chunk ran in."""
+    return os.getpid()
+
+
+async def test_an_executor_no_lease_needs_stops_after_the_idle_time(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a node whose executors stop after half a second that no lease needs them
+    await agent_factory("n1", simulate="1x1GiB", allow_code=True, executor_idle_s=0.5)
+    fabric = await fabric_factory()
+    await eventually(lambda: bool(fabric.fleet.adverts))
+    # When a job's chunk has run, and its lease has ended
+    first = (await fabric.run(Job(pid_of_executor, [0]), Gather())).value[0]
+    # Then the process it ran in exits, and the next job (other inputs: not the same job,
+    # which would resume with its result) runs in a fresh one
+    await eventually(lambda: not Path(f"/proc/{first}").exists(), timeout_s=10.0)
+    second = (await fabric.run(Job(pid_of_executor, [1]), Gather())).value[0]
+    assert second != first
 
 
 async def test_an_executor_past_its_works_is_replaced_once_idle(

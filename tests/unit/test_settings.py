@@ -265,10 +265,19 @@ def test_worker_execution_settings_from_the_environment() -> None:
     )
     assert (s.isolation, s.allow_code, s.chunk_timeout_s) == ("process", True, 90.0)
     assert not WorkerSettings.from_env({}).allow_code
+    # Unset, how long an idle executor stays up is the pool's choice by GPU kind
+    assert WorkerSettings.from_env({}).executor_idle_s is None
+    assert WorkerSettings.from_env({"VRAMFABRIC_EXECUTOR_IDLE_S": "120"}).executor_idle_s == 120.0
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("VRAMFABRIC_ISOLATION", "vm"), ("VRAMFABRIC_ALLOW_CODE", "maybe")]
+    ("name", "value"),
+    [
+        ("VRAMFABRIC_ISOLATION", "vm"),
+        ("VRAMFABRIC_ALLOW_CODE", "maybe"),
+        ("VRAMFABRIC_EXECUTOR_IDLE_S", "-1"),
+        ("VRAMFABRIC_EXECUTOR_IDLE_S", "soon"),
+    ],
 )
 def test_worker_bad_execution_settings_are_rejected(name: str, value: str) -> None:
     with pytest.raises(ValueError):
