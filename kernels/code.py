@@ -260,29 +260,43 @@ def _refiled(code: types.CodeType, filename: str) -> types.CodeType:
 
 
 def _functions(obj: Any) -> list[types.FunctionType]:
-    """The user's functions `obj` reaches: itself, its closures, the globals its code names.
+    """The user's functions `obj` reaches, and the functions and classes they name.
 
-    Installed code (the standard library, packages) is pickled by reference and not walked.
+    Itself, its closures, the globals its code names, the methods of the user's classes among
+    them (and of a callable object's class). Installed code (the standard library, packages)
+    is pickled by reference and not walked.
     """
     found: dict[int, types.FunctionType] = {}
+    classes: set[int] = set()
     todo = [obj]
     while todo and len(found) < _MAX_FUNCTIONS:
         item = todo.pop()
         if isinstance(item, functools.partial):
             todo.append(item.func)
-            continue
-        if isinstance(item, types.MethodType):
-            item = item.__func__
-        if not isinstance(item, types.FunctionType) or id(item) in found:
-            continue
-        code = item.__code__
-        if code.co_filename.startswith(_INSTALLED):
-            continue
-        found[id(item)] = item
-        todo.extend(_closure_values(item))
-        names = _global_names(code)
-        todo.extend(value for name, value in item.__globals__.items() if name in names)
+        elif isinstance(item, (types.MethodType, staticmethod, classmethod)):
+            todo.append(item.__func__)
+        elif isinstance(item, type):
+            if id(item) not in classes and _users(item):
+                classes.add(id(item))
+                todo.extend(vars(item).values())
+        elif isinstance(item, types.FunctionType):
+            code = item.__code__
+            if id(item) in found or code.co_filename.startswith(_INSTALLED):
+                continue
+            found[id(item)] = item
+            todo.extend(_closure_values(item))
+            names = _global_names(code)
+            todo.extend(value for name, value in item.__globals__.items() if name in names)
+        elif callable(item):
+            todo.append(type(item))
     return list(found.values())
+
+
+def _users(cls: type) -> bool:
+    """Whether `cls` is the user's (not built in, nor from an installed module)."""
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None) or ""
+    return cls.__module__ != "builtins" and not path.startswith(_INSTALLED)
 
 
 def _global_names(code: types.CodeType) -> set[str]:

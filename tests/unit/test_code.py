@@ -46,6 +46,23 @@ def through_a_lambda(x: int) -> int:
     return (lambda y: check_positive(y))(x)
 
 
+class Scaled:
+    """A callable object of the user's: its class's methods travel by value too."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    def __call__(self, x: int) -> int:
+        """Scale `x`."""
+        return self.scale(x)
+
+    def scale(self, x: int) -> int:
+        """`x` times the factor; a negative `x` is refused."""
+        if x < 0:
+            raise ValueError("cannot scale a negative")  # the line a remote traceback must show
+        return x * self.factor
+
+
 def context(saved: list[bytes]) -> Context:
     return Context(
         device=None, slice_bytes=2**20, xp=np, attempt=1, job="j", index=0, save=saved.append
@@ -101,6 +118,14 @@ def test_an_unpickled_functions_traceback_names_its_file_and_shows_its_lines() -
     assert text.count(f'File "{__file__}"') == 4, text  # the test, the function, lambda, helper
     assert "<dynamic-code>" not in text
     assert 'raise ValueError(f"{x} is negative")' in text
+    # And so do a callable object's methods
+    scaled = cloudpickle.loads(dumps_by_value(Scaled(2)))
+    assert scaled(3) == 6
+    with pytest.raises(ValueError) as caught:
+        scaled(-1)
+    text = "".join(traceback.format_exception(caught.value))
+    assert text.count(f'File "{__file__}"') == 3, text  # the test, __call__, scale
+    assert 'raise ValueError("cannot scale a negative")' in text
 
 
 def test_another_python_version_is_refused_naming_both() -> None:
