@@ -20,6 +20,7 @@ import pickle
 import sys
 import sysconfig
 import types
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -215,7 +216,9 @@ _DYNAMIC_FILE = "<dynamic-code>"
 # A pickled function's reachable functions are walked up to this many (a guard, not a need).
 _MAX_FUNCTIONS = 1000
 
-_CodeKey = tuple[str, int]
+# A function's code by qualified name, first line and a checksum of its bytecode (two cells
+# of a notebook may each hold a lambda on their first line).
+_CodeKey = tuple[str, int, int]
 
 
 @attrs.frozen
@@ -237,18 +240,19 @@ def _relocated(obj: Any, files: dict[_CodeKey, str]) -> Any:
     """`obj` unpickled, its functions' code named after the files they came from."""
     for fn in _functions(obj):
         code = fn.__code__
-        filename = files.get((code.co_qualname, code.co_firstlineno))
+        filename = files.get(_key(code))
         if code.co_filename == _DYNAMIC_FILE and filename:
             fn.__code__ = _refiled(code, filename)
     return obj
 
 
 def _code_files(obj: Any) -> dict[_CodeKey, str]:
-    """Each function reachable from `obj` (by qualified name and first line): its file."""
-    return {
-        (fn.__code__.co_qualname, fn.__code__.co_firstlineno): fn.__code__.co_filename
-        for fn in _functions(obj)
-    }
+    """Each function reachable from `obj` (by `_key`): the file it was defined in."""
+    return {_key(fn.__code__): fn.__code__.co_filename for fn in _functions(obj)}
+
+
+def _key(code: types.CodeType) -> _CodeKey:
+    return (code.co_qualname, code.co_firstlineno, zlib.crc32(code.co_code))
 
 
 def _refiled(code: types.CodeType, filename: str) -> types.CodeType:

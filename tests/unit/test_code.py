@@ -128,6 +128,21 @@ def test_an_unpickled_functions_traceback_names_its_file_and_shows_its_lines() -
     assert 'raise ValueError("cannot scale a negative")' in text
 
 
+def test_functions_on_the_same_line_of_two_cells_keep_their_own_files(tmp_path: Path) -> None:
+    # Given two notebook cells (files) each defining a lambda on line 1, and a third using both
+    cells: dict[str, Any] = {"__name__": "notebook_cells"}  # not importable: by value
+    for name, source in [("c1.py", "f = lambda x: x + 1"), ("c2.py", "g = lambda x: x * 2")]:
+        exec(compile(source, str(tmp_path / name), "exec"), cells)
+    exec(compile("def both(x):\n    return f(x), g(x)", str(tmp_path / "c3.py"), "exec"), cells)
+    # When it is pickled and unpickled
+    both = cloudpickle.loads(dumps_by_value(cells["both"]))
+    # Then each function names its own cell
+    assert both(3) == (4, 6)
+    files = {k: Path(both.__globals__[k].__code__.co_filename).name for k in ("f", "g")}
+    assert files == {"f": "c1.py", "g": "c2.py"}
+    assert Path(both.__code__.co_filename).name == "c3.py"
+
+
 def test_another_python_version_is_refused_naming_both() -> None:
     code = PythonCode.of(add_offset)
     other = PythonCode(fn_bytes=code.fn_bytes, python="2.7", max_output_bytes=100)
