@@ -15,7 +15,8 @@ from typing import Any
 
 import cloudpickle
 
-from vramfabric.kernels.code import dumps_by_value, wants_context
+from vramfabric.kernels.by_value import dumps_by_value
+from vramfabric.kernels.code import wants_context
 
 
 class RemoteTraceback(Exception):

@@ -23,7 +23,8 @@ import attrs
 import msgpack
 import numpy as np
 
-from .code import dumps_by_value, python_version
+from .by_value import dumps_by_value
+from .code import python_version
 from .cuda_checks import IN_BYTES, SCALAR_TYPES, ArgSpec, arg_specs, dim3, validate
 from .cuda_compile import LAUNCH_REFUSED, KernelCompileError, ModuleCache
 from .cuda_reference import PickledReference, Reference

@@ -13,10 +13,10 @@ import cloudpickle
 import numpy as np
 import pytest
 
+from vramfabric.kernels.by_value import dumps_by_value
 from vramfabric.kernels.code import (
     Context,
     PythonCode,
-    dumps_by_value,
     encode_input,
     python_version,
     wants_context,
