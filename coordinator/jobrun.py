@@ -4,7 +4,7 @@ Fabric.run prepares a job (spec, uploaded work) and drives one JobRun on a lease
 own: `start` follows the job's results and dead letters and finds what an earlier run
 finished (reopening failures for `retry_failed`), `complete` submits the chunks still to do
 through a bounded window while results are folded (leasing slices just before the first
-chunk goes out, growing the set while it runs), and `end` takes everything down again,
+chunk goes out, growing the set while it runs: growth.py), and `end` takes everything down again,
 whatever ended the run.
 """
 
@@ -26,6 +26,7 @@ from vramfabric.broker.settings import BrokerSettings
 from .aggregate import Aggregator
 from .exhausted import ExhaustedWatcher
 from .fleet import FleetView
+from .growth import FIRST_LEASES, LeaseGrowth
 from .jobs import Job, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
@@ -39,11 +40,6 @@ from .submit import Submission, Window
 from .timeline import Point, Timeline
 
 log = logging.getLogger(__name__)
-
-# Leases asked for before the first chunk goes out; the rest of the target are asked for
-# right after, while the first chunks run. Leasing 1,000 slices before sending a chunk held
-# back a job of 1,000 tiny chunks by their whole acquisition (18-55 ms on 2 cores).
-FIRST_LEASES = 32
 
 
 @attrs.define
@@ -70,9 +66,9 @@ class JobRun:
     timeline: Timeline = attrs.field(init=False)
     # Seconds per phase: acquire_s, submit_s, execute_s, release_s.
     phases: dict[str, float] = attrs.field(factory=dict, init=False)
-    _grower: asyncio.Task[None] | None = attrs.field(default=None, init=False)
-    # The grower's lease request in flight: `end` lets it finish, so what it grants goes back.
-    _acquiring: asyncio.Task[int] | None = attrs.field(default=None, init=False)
+    # How the run's chunks travel (packs of tiny ones), and so how many leases they can use.
+    packer: Packer = attrs.field(init=False)
+    growth: LeaseGrowth = attrs.field(init=False)
     # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
     submitted: bool = attrs.field(default=False, init=False)
     _t_submit: float = attrs.field(default=0.0, init=False)
@@ -93,6 +89,15 @@ class JobRun:
             on_result=self.window.finished,
             stall_s=self.settings.follow_stall_s,
             set_aside_failed=self.retry_failed,
+        )
+        self.packer = Packer(self._chunks_per_message(), self.results.speed, self._packable)
+        self.growth = LeaseGrowth(
+            self.pool,
+            self.fleet,
+            self.results,
+            self.packer,
+            self.broker.node_ttl_s,
+            self.spec.job_id,
         )
         self.exhausted = ExhaustedWatcher(self.conn, self.broker, self.spec)
         self.record = RunRecord(self.conn, self.broker, self.spec)
@@ -155,7 +160,7 @@ class JobRun:
             retried,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
-            Packer(self._chunks_per_message(), self.results.speed, self._packable),
+            self.packer,
             lambda: len(self.pool),
             rerun=uuid.uuid4().hex[:8] if retried else "",
         )
@@ -221,8 +226,7 @@ class JobRun:
         self._t_submit = time.perf_counter()
         # Short of the target only because it asked for `first`: the rest now, not once the
         # fleet changes (when it is the fleet that gave fewer, asking again at once is moot).
-        rest_now = first < target and len(self.pool) >= first
-        self._grower = asyncio.get_running_loop().create_task(self._grow(target, rest_now))
+        self.growth.start(target, rest_now=first < target and len(self.pool) >= first)
 
     async def end(self, outcome: str, value: object) -> tuple[Point, ...]:
         """Take the run down, whatever ended it; return the timeline's samples.
@@ -234,17 +238,12 @@ class JobRun:
         """
         self.pool.closing = True
         try:
-            if self._grower is not None:
-                self._grower.cancel()
-                # A grower that died of an error is reported after the leases are released.
-                (died,) = await asyncio.gather(self._grower, return_exceptions=True)
-            if self._acquiring is not None:
-                # Closing, it asks for no more; what it was granted is released with the rest.
-                await asyncio.gather(self._acquiring, return_exceptions=True)
+            # Growth that died of an error is reported after the leases are released.
+            died = await self.growth.stop()
             t = time.perf_counter()
             await self.pool.release()
             self.phases["release_s"] = time.perf_counter() - t
-            if self._grower is not None and isinstance(died, Exception):
+            if died is not None:
                 raise died
         finally:
             series = await self.timeline.stop()
@@ -270,31 +269,3 @@ class JobRun:
             )
         except VramfabricError as exc:
             log.warning("job consumer not deleted job=%s error=%s", self.spec.job_id, exc)
-
-    async def _grow(self, target: int, rest_now: bool = False) -> None:
-        """Add leases as the fleet frees capacity, up to what is left (`rest_now`: ask at once)."""
-        pool = self.pool
-        while not pool.closing:
-            if not rest_now:
-                await self.fleet.wait_changed(timeout_s=self.broker.node_ttl_s)
-                if pool.closing:
-                    return
-            pool.prune(set(self.fleet.adverts))
-            total = self.results.total
-            left = target if total is None else total - self.results.n_done
-            want = min(target, left) - len(pool)
-            if want > 0:
-                # Also when the fleet looks full: the pool then asks one node, which tells
-                # the fleet this tenant waits for its fair share.
-                # Shielded: cancelled now, a request a node has granted would leave its
-                # leases unknown to the pool, held until their TTL.
-                self._acquiring = asyncio.ensure_future(pool.acquire(want))
-                added = await asyncio.shield(self._acquiring)
-                if added and not rest_now:  # the rest after the first request is no news
-                    log.info(
-                        "leases added mid-run job=%s added=%d held=%d",
-                        self.spec.job_id,
-                        added,
-                        len(pool),
-                    )
-            rest_now = False

@@ -41,7 +41,9 @@ async def test_search_through_the_fabric_equals_the_direct_reference_argmin(
     # Then the best configuration is the one the reference finds directly (the workers ran
     # hyperparam.cu on their host path: its loss is the reference's within 2e-6)
     index, loss = reference_argmin(configs)
-    assert result.n_ok == 1000 and result.leases_peak == 1000
+    assert result.n_ok == 1000
+    # (leases: as many as its messages could use, test_packing.py; at least the first 32)
+    assert 32 <= result.leases_peak <= 1000
     assert result.value[0] == index
     assert result.value[1] == pytest.approx(loss, rel=HYPERPARAM_RTOL)
     # And every lease went back, as the coordinator's metrics show too

@@ -349,3 +349,24 @@ async def test_long_chunks_on_many_leases_do_not_wait_for_a_first_result(
     starts = [entry.stat().st_mtime for entry in tmp_path.iterdir()]
     assert len(starts) == 64
     assert max(starts) - min(starts) < 1.5
+
+
+async def test_tiny_chunks_hold_no_more_leases_than_their_packs_can_use(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given two nodes of 64 slices each that run code, and a job of 2000 tiny chunks
+    for node in ("n1", "n2"):
+        await agent_factory(node, simulate="1x64GiB", allow_code=True)
+    fabric = await fabric_factory()
+    inputs = list(range(2000))
+    # When it runs packed (auto, the default), and again one chunk per message
+    packed = await fabric.run(Job(square_loss, inputs), ArgMin())
+    alone_job = Job(square_loss, inputs, chunks_per_message=1, job_id="one-per-message")
+    alone = await fabric.run(alone_job, ArgMin())
+    # Then both find the argmin ...
+    assert packed.value[0] == alone.value[0] == 1234
+    assert packed.n_ok == alone.n_ok == 2000
+    # ... but the packed job left most of the fleet to others: its few packs would have
+    # idled the rest, where single chunks spread over every slice
+    assert alone.leases_peak == 128
+    assert packed.leases_peak <= 32 < 64
