@@ -86,6 +86,10 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         """Start the server and wait until it accepts clients; returns self."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> NatsServer:
+        """Start the server process without waiting for it (see `wait_ready`); returns self."""
         if self._proc is not None:
             raise ServerError("server already started")
         store = self.store_dir
@@ -109,6 +113,12 @@ class NatsServer:
             self._proc = subprocess.Popen(
                 cmd, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent
             )
+        return self
+
+    def wait_ready(self) -> NatsServer:
+        """Wait until the launched server accepts clients (ServerError if it does not)."""
+        if self._proc is None:
+            raise ServerError("server not launched")
         self._bound_port = self._wait_ready()
         log.info("nats-server ready url=%s pid=%d", self.url, self._proc.pid)
         return self

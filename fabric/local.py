@@ -99,13 +99,9 @@ class LocalFleet:
         # Said here, before anything starts: a worker's own refusal would only show as its
         # exit code (its stderr is not kept unless `verbose`).
         check_slice(parse_simulate(self.simulate), parse_size(self.slice_size))
-        if self.fork:
-            if self.tenants_file is not None:
-                # A forked worker would hold a copy of every password this process read.
-                raise ValueError("forked workers take no tenants file: spawn them instead")
-            from vramfabric.worker.__main__ import preload
-
-            preload()
+        if self.fork and self.tenants_file is not None:
+            # A forked worker would hold a copy of every password this process read.
+            raise ValueError("forked workers take no tenants file: spawn them instead")
         if self.tenants_file is not None:
             from vramfabric.broker import tenants
 
@@ -114,7 +110,16 @@ class LocalFleet:
             # Workers get the policy alone: tenants' code on a node never finds a password.
             tenants.write_policy(self._tenants.policy, self.policy_file)
         try:
-            if self.url is None:
+            if self.fork:
+                from vramfabric.worker.__main__ import preload
+
+                if self.url is None:
+                    # Launched first, it comes up while this process imports the workers'.
+                    self.server = NatsServer(port=self.port).launch()
+                preload()
+            if self.server is not None:
+                self.server.wait_ready()
+            elif self.url is None:
                 self.server = self._start_server()
             for i in range(self.workers):
                 self.procs.append(self.spawn_worker(f"local-{i}"))
