@@ -4,8 +4,9 @@ An embedded fabric of two simulated workers (`--allow-code`) runs a job of `--n`
 chunks: each evaluates one hyperparameter configuration's loss, a few microseconds of Python,
 so what is measured is the fabric's cost per chunk. A job is the whole `Fabric.run`: spec,
 leases, submit, execute, fold, release. The aggregate is the argmin, checked against the one
-computed here, and an index table checks that every chunk's result was folded exactly once.
-`--chunks-per-message` sets packing (0: auto, the default; 1: off).
+computed here, and an index table checks that every chunk's result was folded exactly once;
+`leases_peak` is the most leases a job held. `--chunks-per-message` sets packing (0: auto,
+the default; 1: off).
 
     python bench/packed.py                   # 100,000 chunks, 3 jobs, auto packing
     python bench/packed.py --chunks-per-message 1 --n 20000
@@ -60,6 +61,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     expected = min(configs, key=lambda c: (loss(c), c))
     times: list[float] = []
     phases: list[dict[str, float]] = []
+    peaks: list[int] = []
     try:
         await fabric.run(Job(loss, configs[:1000]), ArgMin())  # warm: executors, code loaded
         for k in range(args.jobs):
@@ -69,6 +71,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             result = await fabric.run(job, agg)
             times.append(time.perf_counter() - t0)
             phases.append(result.phases_s)
+            peaks.append(result.leases_peak)
             assert result.n_ok == args.n, f"{result.n_failed} chunks failed"
             assert result.value is not None and result.value[0] == expected, result.value
             assert agg.folds == bytearray([1]) * args.n, "a chunk was folded twice or never"
@@ -88,6 +91,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if median in times
         else {},
         "folded_once": True,
+        "leases_peak": max(peaks),
         "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} cores",
         "date": date.today().isoformat(),
     }
