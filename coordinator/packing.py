@@ -104,6 +104,12 @@ class Packer:
         """Whether no result has told the chunks' speed yet (auto packing)."""
         return not self.chunks_per_message and not self.speed.n_results
 
+    @property
+    def unthrottled(self) -> bool:
+        """Whether `throttle` says None for good: packing set, or the chunks seen to be tiny."""
+        chunk_s = self.speed.chunk_s
+        return bool(self.chunks_per_message) or (chunk_s is not None and chunk_s < TINY_CHUNK_S)
+
     def throttle(self, leases: int, now: float) -> int | None:
         """Chunks to keep in flight while deciding (auto, speed unknown); None: the window.
 

@@ -139,7 +139,7 @@ class Submission:
                 data = self.job.encode(index, value, self.limit) if streamed or not skip else b""
                 if streamed:
                     self.digest.add(data)
-                if not skip:
+                if not skip and not self._added(index, data):
                     await self._add(index, data)
             await self._flush()
         finally:
@@ -148,6 +148,26 @@ class Submission:
         if not n_read:
             raise ValueError("a job needs at least one chunk input")
         return n_read
+
+    def _added(self, index: int, data: bytes) -> bool:
+        """Add the chunk to the batch if nothing is to be awaited before or after; True if so.
+
+        Most chunks of a job go this way: with `_add` awaited for each, reading a job's 996
+        chunks after its probe took 5.2 ms instead of 4.3 ms, while the workers waited.
+        """
+        size = len(data)
+        if (
+            not self.packer.unthrottled
+            or self.results.seen(index)
+            or not self.window.fits(size)
+            or len(self._batch) + 1 >= _BATCH
+            or self._batch_bytes + size >= _BATCH_BYTES
+        ):
+            return False
+        self.window.add(index, size)
+        self._batch[index] = data
+        self._batch_bytes += size
+        return True
 
     async def _add(self, index: int, data: bytes) -> None:
         if self.results.seen(index):

@@ -83,3 +83,24 @@ def test_a_slow_chunk_seen_keeps_packs_to_a_second_of_it() -> None:
     # And after a 2 s chunk, none are packed
     speed.observe(2.0)
     assert packer.pack_size() == 1
+
+
+def test_messages_and_the_throttle_follow_what_results_said() -> None:
+    # Given auto packing: while no result has come, a job's chunks each count as a message
+    # (it may hold a lease per chunk) and each new chunk asks the throttle
+    speed = ChunkSpeed()
+    packer = Packer(0, speed)
+    assert packer.messages(1000) == 1000 and not packer.unthrottled
+    # When results show chunks of 0.2 ms: packs of 250, so 4 messages hold 1,000 chunks,
+    # and the throttle is off for good
+    speed.observe(0.0002)
+    assert packer.messages(1000) == 4 and packer.messages(1001) == 5
+    assert packer.unthrottled
+    # And chunks of 50 ms each keep a message each, and the throttle still counts them
+    slow = Packer(0, ChunkSpeed())
+    slow.speed.observe(0.05)
+    assert slow.messages(1000) == 1000 and not slow.unthrottled
+    # And a job that sets its pack size packs that many from the start, unthrottled
+    fixed = Packer(10, ChunkSpeed())
+    assert fixed.messages(1000) == 100 and fixed.unthrottled
+    assert Packer(1, ChunkSpeed()).messages(7) == 7
