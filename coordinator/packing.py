@@ -16,7 +16,7 @@ with the full window: a pack runs on one lease, one chunk after another, and lon
 spread over the leases finish sooner. 1 turns packing off; N >= 2 packs up to N chunks from
 the start. A job holds no more leases than it has messages left (`Packer.messages`): in
 auto, its first leases wait up to `PROBE_LEASES_WAIT_S` for a first result before it asks
-for more (coordinator/jobrun.py).
+for more (coordinator/growth.py).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class AdvertBook:
     node_ttl_s: float
     _adverts: dict[str, tuple[float, NodeAdvert]] = attrs.field(factory=dict, init=False)
     # How many of the kept adverts name each tenant waiting: every lease request asks who
-    # waits, and reading 256 nodes' adverts for it was a tenth of a 256-node process's CPU.
+    # waits, and reading every advert for it made 10,000 leases from 256 nodes (one process)
+    # take 0.33-0.35 s instead of 0.29-0.32 s.
     _waiting: Counter[str] = attrs.field(factory=Counter, init=False)
     # No advert kept was heard before this (monotonic): none can be stale until TTL after it.
     _oldest: float = attrs.field(default=float("inf"), init=False)
