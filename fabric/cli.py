@@ -215,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _failed(args: argparse.Namespace, exc: BaseException) -> int:
     """The exit code of a command that raised `exc`, after one line that says why."""
+    if isinstance(exc, KeyboardInterrupt):
+        # Nothing imported here: Ctrl-C may have cut an import short (`up` importing nats-py),
+        # and importing that half-made module again raised a traceback instead of this line.
+        print(f"vramfabric {args.command}: interrupted", file=sys.stderr, flush=True)
+        return RET_INTERRUPTED
     from .report import err  # rich, only when there is something to say
 
     try:
         raise exc
-    except KeyboardInterrupt:
-        err.print(f"vramfabric {args.command}: interrupted")
-        return RET_INTERRUPTED
     except (VramfabricError, ValueError, OSError) as exc:
         log.info("command failed", exc_info=exc)  # the traceback, with -v
         err.print(f"vramfabric: {_one_line(str(exc))}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,17 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     assert _main_with(monkeypatch, KeyboardInterrupt()) == exits.RET_INTERRUPTED == 130
+    assert capfd.readouterr().err == "vramfabric jobs: interrupted\n"
+
+
+def test_ctrl_c_that_cut_an_import_short_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Given Ctrl-C came while a module was half-imported (`up` importing nats-py): importing
+    # what depends on it again fails
+    monkeypatch.setitem(sys.modules, "vramfabric.report", None)
+    # Then the command still says it was interrupted, in one line, and exits 130
+    assert _main_with(monkeypatch, KeyboardInterrupt()) == exits.RET_INTERRUPTED
     assert capfd.readouterr().err == "vramfabric jobs: interrupted\n"
 
 
