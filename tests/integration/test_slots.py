@@ -114,12 +114,16 @@ async def test_eight_leases_run_eight_chunks_at_once(
 
 
 def process_started_at(pid: int) -> float:
-    """When process `pid` was created (epoch seconds, to the kernel's clock tick)."""
+    """When process `pid` was created (epoch seconds, to the kernel's clock tick).
+
+    /proc's start time counts ticks of CLOCK_BOOTTIME; it is mapped to the epoch through that
+    clock read now, not through /proc/stat's `btime`, which is whole seconds and drifts from the
+    wall clock on a VM (a fresh machine read process starts seconds before they were made).
+    """
     with open(f"/proc/{pid}/stat") as f:
         ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/stat") as f:
-        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    boot_epoch_s = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot_epoch_s + ticks / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
