@@ -109,12 +109,12 @@ class InvalidMessage(PermanentError):
 
 
 class KernelNotFound(PermanentError):
-    """No kernel of that name (or digest) is registered on this node."""
+    """No kernel of that name (or digest) is registered on this node, or on any live node."""
 
     kind = ErrorKind.KERNEL_NOT_FOUND
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown kernel {name!r}")
+    def __init__(self, name: str, why: str = "") -> None:
+        super().__init__(f"unknown kernel {name!r}" + (f": {why}" if why else ""))
         self.name = name
 
 

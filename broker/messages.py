@@ -85,6 +85,10 @@ class NodeAdvert:
     # Whether it runs packed chunks (ChunkPack): a coordinator packs a job's chunks only while
     # every node holding its leases does, since a worker of an older version drops a pack.
     packs: bool = False
+    # The registered kernels it runs, by name (built-ins and its --kernel-module ones): a
+    # coordinator leases for a registered kernel only where it is listed. None: a worker of an
+    # older version, which does not say (assumed to run any, as before).
+    kernels: tuple[str, ...] | None = None
 
     @property
     def simulated(self) -> bool:

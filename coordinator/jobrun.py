@@ -31,6 +31,7 @@ from .jobs import Job, publish_spec
 from .leasing import LeasePool
 from .metrics import CoordinatorMetrics
 from .packing import Packer
+from .placement import refusal
 from .record import RunRecord
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
@@ -212,7 +213,11 @@ class JobRun:
 
         Raises:
             CapacityExceeded: fewer than `min(min_slices, target)` leases could be had.
+            KernelNotFound, CodeRefused: no live node runs the job's work (placement.refusal).
         """
+        refused = refusal(self.spec, self.fleet.adverts.values(), self.pool.eligible)
+        if refused is not None:  # before any consumer, chunk or lease: the run fails at once
+            raise refused
         await topology.ensure_job_consumer(self.conn.js, self.broker, self.spec)
         self.submitted = True
         t = time.perf_counter()

@@ -1,12 +1,21 @@
-"""Placement: which nodes to ask for leases, and how many each. Pure."""
+"""Placement: which nodes to ask for leases, and how many each. Pure.
+
+A run asks only the nodes that can run its work (`JobWork.runs_on`; for a registered kernel,
+`lists_kernel`), and before its first lease `refusal` says why none can, if none can.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 
-from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.errors import CodeRefused, KernelNotFound, PermanentError
+from vramfabric.broker.messages import JobSpec, NodeAdvert
 
 from .settings import PLACEMENTS
+
+# Kernel names (or Python versions) a refusal lists before it says how many more there are.
+_LISTED = 20
 
 
 def plan(
@@ -81,3 +90,60 @@ def _level(free: dict[tuple[str, int], int], wanted: int) -> dict[tuple[str, int
         take[gpu] += 1
         left -= 1
     return take
+
+
+def lists_kernel(advert: NodeAdvert, name: str) -> bool:
+    """Whether a node runs the registered kernel `name`, as its advert says.
+
+    An advert without a kernel list (`kernels` None: a worker of an older version) counts as
+    running any, as every coordinator counted it before nodes listed their kernels: a fleet
+    being upgraded keeps running its jobs, and a chunk of a kernel such a node lacks fails
+    there with `kernel_not_found`, as it did before.
+    """
+    return advert.kernels is None or name in advert.kernels
+
+
+def refusal(
+    spec: JobSpec, adverts: Collection[NodeAdvert], eligible: Callable[[NodeAdvert], bool]
+) -> PermanentError | None:
+    """Why no live node can run the job's work, or None: one can, or none is live at all.
+
+    Asked before a run takes its first lease, so a job that no node can run fails at once,
+    naming its kernel and what the fleet has, instead of chunk by chunk. An empty fleet is
+    no refusal: the run waits for nodes to join, as it always did.
+    """
+    if not adverts or any(eligible(a) for a in adverts):
+        return None
+    if spec.kernel_kind == "builtin":
+        return KernelNotFound(
+            spec.kernel,
+            f"no live node has it; {fleet_kernels(adverts)} (start a worker with "
+            "--kernel-module naming the module whose KERNELS registers it)",
+        )
+    what = "Python functions" if spec.kernel_kind == "python" else f"CUDA kernel {spec.kernel!r}"
+    return CodeRefused(f"no live node runs {what}; {fleet_code(adverts)}")
+
+
+def fleet_kernels(adverts: Collection[NodeAdvert]) -> str:
+    """The registered kernels the live nodes list, with how many list each."""
+    counts = Counter(k for a in adverts for k in a.kernels or ())
+    return f"{_nodes(adverts)} have {_counted(counts) or 'no kernel list'}"
+
+
+def fleet_code(adverts: Collection[NodeAdvert]) -> str:
+    """What the live nodes say of users' code: which run it, on which Python; which simulate."""
+    code = Counter(f"Python {a.python}" for a in adverts if a.allow_code)
+    simulated = sum(1 for a in adverts if a.simulated)
+    runs = f"{_counted(code)} run code (--allow-code)" if code else "none runs code (--allow-code)"
+    return f"{_nodes(adverts)}: {runs}; {simulated} with simulated GPUs"
+
+
+def _nodes(adverts: Collection[NodeAdvert]) -> str:
+    return "the 1 live node" if len(adverts) == 1 else f"the {len(adverts)} live nodes"
+
+
+def _counted(counts: Counter[str]) -> str:
+    """`a (2), b (1)`, by name, at most _LISTED of them."""
+    names = sorted(counts)
+    text = ", ".join(f"{n} ({counts[n]})" for n in names[:_LISTED])
+    return text + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")

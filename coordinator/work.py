@@ -25,6 +25,8 @@ from vramfabric.kernels.code import (
 )
 from vramfabric.kernels.cuda import CudaKernel
 
+from .placement import lists_kernel
+
 log = logging.getLogger(__name__)
 
 # What `Job.kernel` may be.
@@ -46,10 +48,13 @@ class JobWork:
     def runs_on(self, advert: NodeAdvert) -> bool:
         """Whether a node would run this work rather than refuse it.
 
-        A function needs a node started with --allow-code on the same Python. A CUDA kernel
-        on simulated GPUs runs its source compiled for the host CPU: native code, so it needs
-        --allow-code too (any Python).
+        A registered kernel needs a node that lists it (placement.lists_kernel). A function
+        needs a node started with --allow-code on the same Python. A CUDA kernel on simulated
+        GPUs runs its source compiled for the host CPU: native code, so it needs --allow-code
+        too (any Python).
         """
+        if self.kind == "builtin":
+            return lists_kernel(advert, self.name)
         if self.kind == "python":
             return advert.allow_code and advert.python == self.python
         return not (self.kind == "cuda" and advert.simulated) or advert.allow_code

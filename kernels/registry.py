@@ -56,6 +56,27 @@ class Registry(Mapping[str, Kernel]):
         return Registry(merged)
 
 
+# The built-ins' names, known without importing them (NumPy and 600 KB of CUDA source): a
+# node agent advertises the kernels it has but never runs one. tests/unit/test_placement_kernels.py
+# holds this to builtin_registry().
+BUILTIN_NAMES = ("hyperparam_eval",)
+
+
+def module_kernels(name: str) -> tuple[Kernel, ...]:
+    """The `KERNELS` of module `name`, imported.
+
+    Raises:
+        ValueError: the module has no `KERNELS` iterable of Kernel.
+        ImportError: the module does not import.
+    """
+    found = getattr(importlib.import_module(name), "KERNELS", None)
+    # A tuple first: checking a generator would use it up before it is registered.
+    kernels = tuple(found) if isinstance(found, Iterable) else None
+    if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
+        raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
+    return kernels
+
+
 def load_registry(base: Registry, modules: Iterable[str]) -> Registry:
     """`base` plus the `KERNELS` iterable of each module, imported by name.
 
@@ -65,10 +86,20 @@ def load_registry(base: Registry, modules: Iterable[str]) -> Registry:
     """
     registry = base
     for name in modules:
-        found = getattr(importlib.import_module(name), "KERNELS", None)
-        # A tuple first: checking a generator would use it up before it is registered.
-        kernels = tuple(found) if isinstance(found, Iterable) else None
-        if kernels is None or not all(isinstance(k, Kernel) for k in kernels):
-            raise ValueError(f"module {name!r} has no KERNELS iterable of Kernel")
-        registry = registry.with_kernels(kernels)
+        registry = registry.with_kernels(module_kernels(name))
     return registry
+
+
+def kernel_names(modules: Iterable[str]) -> tuple[str, ...]:
+    """The names a registry of the built-ins plus `modules` holds, sorted (what a node advertises).
+
+    The modules are imported (a worker started with them has imported them already); the
+    built-ins are not.
+
+    Raises:
+        ValueError, ImportError: as load_registry.
+    """
+    names = set(BUILTIN_NAMES)
+    for name in modules:
+        names.update(k.name for k in module_kernels(name))
+    return tuple(sorted(names))

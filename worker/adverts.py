@@ -16,15 +16,37 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import VramfabricError, nats_errors
 from vramfabric.broker.messages import Event, Lease, NodeAdvert
 from vramfabric.broker.subjects import Subjects
+from vramfabric.kernels.code import python_version
+from vramfabric.kernels.registry import kernel_names
 
 from .health import NvmlProbe
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
+from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 # An advert asked for early (after a grant or release) waits at least this long after the last.
 _MIN_ADVERT_GAP_S = 0.05
+
+
+def node_facts(settings: WorkerSettings, containment: str) -> dict[str, Any]:
+    """What a node's adverts say besides its ledger: what work it runs, and how.
+
+    `kernels` names its registered kernels (a few dozen bytes, never their sources), so
+    coordinators lease for a kernel only where it is. Its kernel modules are imported to
+    read their names (`vramfabric worker` imported them already, to fail a bad one at start).
+
+    Raises:
+        ValueError, ImportError: a kernel module does not load.
+    """
+    return {
+        "python": python_version(),
+        "allow_code": settings.allow_code,
+        "containment": containment,
+        "packs": True,
+        "kernels": kernel_names(settings.kernel_modules),
+    }
 
 
 @attrs.define
@@ -39,7 +61,7 @@ class Heartbeat:
     heartbeat_s: float
     # Called on every beat with the leases that expired since the last one (maybe none).
     on_beat: Callable[[list[Lease]], None]
-    # Node facts beside the ledger's (`python`, `allow_code`), carried in every advert.
+    # Node facts beside the ledger's (`node_facts`), carried in every advert.
     facts: Mapping[str, Any] = attrs.field(factory=dict)
     # Facts that change, read at each beat (the tenants this node saw waiting).
     live_facts: Callable[[], Mapping[str, Any]] = attrs.field(default=dict)

@@ -26,9 +26,8 @@ from vramfabric.broker.errors import InvalidMessage, PermissionDenied, Vramfabri
 from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
 from vramfabric.broker.objects import read_object
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.kernels.code import python_version
 
-from .adverts import Heartbeat
+from .adverts import Heartbeat, node_facts
 from .calls import CallService
 from .fairness import AdvertBook, FleetShare
 from .gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
@@ -146,12 +145,7 @@ class Agent:
             self.metrics,
             self.settings.heartbeat_s,
             on_beat=self._on_beat,
-            facts={
-                "python": python_version(),
-                "allow_code": self.settings.allow_code,
-                "containment": self.executors.containment,
-                "packs": True,
-            },
+            facts=node_facts(self.settings, self.executors.containment),
             live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
         )
         self._service = service = LeaseService(
