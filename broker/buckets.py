@@ -106,6 +106,8 @@ def jobs_stream_config(settings: BrokerSettings) -> StreamConfig:
     Tenants publish their own keys of this shared bucket directly; a stream taking rollup
     headers would let any of them purge every tenant's keys with one `Nats-Rollup: all`.
     Nothing purges this bucket through KV (`rm` uses the stream purge API as the operator).
+    Per-message TTLs are on: a job's heartbeat key expires when its driver stops beating
+    (coordinator/driver.py).
     """
     s = settings.subjects
     bucket = s.jobs_bucket()
@@ -115,6 +117,7 @@ def jobs_stream_config(settings: BrokerSettings) -> StreamConfig:
         max_msgs_per_subject=1,
         allow_direct=True,
         allow_rollup_hdrs=False,
+        allow_msg_ttl=True,
         deny_delete=True,
         discard=DiscardPolicy.NEW,
         storage=StorageType.FILE,
@@ -141,11 +144,12 @@ async def _jobs_stream_once(js: JetStreamContext, config: StreamConfig, bucket: 
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_CODE_EXISTS_DIFFERENT:
             raise
-        # Made by an older version, which took rollups: turn them off (the operator can).
+        # Made by an older version, which took rollups and no per-message TTLs: turn rollups
+        # off and TTLs on (the operator can).
         info = await js.stream_info(str(config.name))
-        if info.config.allow_rollup_hdrs:
-            log.warning("turning off rollup headers on stream=%s", config.name)
-            await js.update_stream(info.config.evolve(allow_rollup_hdrs=False))
+        if info.config.allow_rollup_hdrs or not info.config.allow_msg_ttl:
+            log.warning("turning off rollups and on message TTLs on stream=%s", config.name)
+            await js.update_stream(info.config.evolve(allow_rollup_hdrs=False, allow_msg_ttl=True))
     return await js.key_value(bucket)
 
 

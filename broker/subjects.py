@@ -352,6 +352,16 @@ class Subjects:
         """Key of a job's run record (JobRecord) in the jobs bucket, beside its spec."""
         return f"{token(tenant, 'tenant')}.{token(job, 'job')}.state"
 
+    @staticmethod
+    def job_alive_key(tenant: str, job: str) -> str:
+        """Key of the heartbeat (JobDriver) of the process driving a job, with a per-key TTL."""
+        return f"{token(tenant, 'tenant')}.{token(job, 'job')}.alive"
+
+    @staticmethod
+    def job_origin_key(tenant: str, job: str) -> str:
+        """Key of how a job was started (JobOrigin): the job file another process resumes."""
+        return f"{token(tenant, 'tenant')}.{token(job, 'job')}.origin"
+
     def job_record(self, tenant: str, job: str) -> str:
         """The stream subject of a job's run record: `cancel` publishes there, runs listen."""
         return self.kv_subject(self.jobs_bucket(), self.job_state_key(tenant, job))

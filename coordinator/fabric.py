@@ -18,18 +18,17 @@ from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import buckets, topology
 from vramfabric.broker.connection import Connection, connect
-from vramfabric.broker.errors import (
-    CodeRefused,
-    JobTimeout,
-    VramfabricError,
-)
+from vramfabric.broker.errors import CodeRefused, VramfabricError
 from vramfabric.broker.messages import JobSpec, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import token
 
 from .aggregate import Aggregator, bind_dtype
 from .collect import housekeep
+from .driving import drive
 from .fleet import FleetView
 from .interactive import GpuSession, call_work, gpu_session
+from .jobhandle import JobHandle
 from .jobresult import JobResult
 from .jobrun import JobRun
 from .jobs import Job, publish_spec
@@ -244,32 +243,24 @@ class Fabric:
         min_slices: int,
         timeout_s: float | None,
     ) -> Any:
-        """Complete the run and end it, whatever ends it; return the aggregate."""
-        outcome, value = "failed", None
+        """Complete the run and end it, whatever ends it; return the aggregate (driving.py)."""
         try:
-            await run.record.start()
-            run.timeline.start()
-            if not await run.record.wait(
-                run.complete(done, retried, slices, min_slices, timeout_s)
-            ):
-                outcome = "timeout"
-                raise JobTimeout(
-                    f"job {run.spec.job_id}: {run.results.n_done}/{run.n_chunks or '?'} chunks "
-                    f"done after {timeout_s}s"
-                )
-            outcome = "failed" if run.results.n_failed else "done"
-            value = run.aggregator.value()
+            value = await drive(run, done, retried, slices, min_slices, timeout_s)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            # The coordinator is being stopped, not the job: like a crash, a rerun resumes it.
-            # Its consumer stays, so the acks of chunks still running land and nothing that
-            # finished is delivered again.
-            outcome = "stopped"
+            raise  # the coordinator is stopping, not the job: nothing ended, nothing swept
+        except BaseException:  # re-raised: a run that ended badly is swept after too
+            await self._sweep()
             raise
-        finally:
-            run.series = await run.end(outcome, value)
-            if outcome != "stopped":
-                await self._sweep()  # after every run that ended, well or not
+        await self._sweep()  # after every run that ended, well or not
         return value
+
+    def job(self, job_id: str) -> JobHandle:
+        """A stored job of this tenant by id: `status()`, `cancel()` and `result()`.
+
+        `result()` re-attaches to a job another process drives (a detached `vramfabric
+        run`), or resumes it here when that process is gone (coordinator/jobhandle.py).
+        """
+        return JobHandle(self, token(job_id, "job_id"))
 
     def _result(self, run: JobRun, value: Any, resumed: int, total_s: float) -> JobResult:
         results, phases = run.results, run.phases

@@ -1,8 +1,9 @@
 """What `jobs` and `job ID` show: a page of a tenant's jobs, and one job in full.
 
-A page comes from the run records alone (records.py), plus one count of results for each
-job still running: its cost does not grow with the jobs and results stored. One job in
-full (`inspect`) reads every result of it once, for its failures by kind.
+A page comes from the run records alone (records.py), plus, for each job still running,
+one count of results and a look at its heartbeat (driver.py: one whose driver is gone is
+ORPHANED): its cost does not grow with the jobs and results stored. One job in full
+(`inspect`) reads every result of it once, for its failures by kind.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vramfabric.broker.messages import ChunkResult, JobRecord, JobSpec
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
+from .driver import ORPHANED, driven_by, read_driver, read_origin, resume_hint
 from .jobs import Span
 from .record import read_key, read_record
 from .records import RecordReader, StoredRecord
@@ -50,6 +52,11 @@ class JobInfo:
     finished_at: float
     failures_by_kind: dict[str, int]
     value: Any = None
+    # The process driving a running job (`pid 1234 on host`), and how to resume an orphaned one.
+    coordinator: str = ""
+    resume: str = ""
+    # Where a detached coordinator logs.
+    log: str = ""
 
     @property
     def n_ok(self) -> int | None:
@@ -103,7 +110,7 @@ async def _listed(
         n_done, n_failed = await count_results(conn, broker, tenant, rec.job), None
     else:
         n_done, n_failed = rec.n_ok + rec.n_failed, rec.n_failed
-    return JobInfo(
+    info = JobInfo(
         job=rec.job,
         tenant=tenant,
         kernel=rec.kernel,
@@ -114,11 +121,25 @@ async def _listed(
         started_at=rec.started_at,
         finished_at=rec.finished_at,
         failures_by_kind={},
-        value=_value(rec),
+        value=record_value(rec),
     )
+    return await with_driver(conn, broker, info)
 
 
-def _value(rec: JobRecord) -> Any:
+async def with_driver(conn: Connection, broker: BrokerSettings, info: JobInfo) -> JobInfo:
+    """A running job's info with its driver, or ORPHANED with how to resume when it has none."""
+    if info.state != "running":
+        return info
+    driver = await read_driver(conn, broker, info.tenant, info.job)
+    origin = await read_origin(conn, broker, info.tenant, info.job)
+    log = origin.log if origin else ""
+    if driver is not None:
+        return attrs.evolve(info, coordinator=driven_by(driver), log=log)
+    return attrs.evolve(info, state=ORPHANED, resume=resume_hint(info.job, origin), log=log)
+
+
+def record_value(rec: JobRecord) -> Any:
+    """The aggregate a run record stores (its JSON text parsed), or None."""
     return json.loads(rec.value) if rec.value else None
 
 
@@ -160,7 +181,7 @@ async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: st
     state = rec.state if rec else "submitted"
     if state in ("running", "submitted") and n_ok + n_failed == spec.n_chunks:
         state = "failed" if n_failed else "done"
-    return JobInfo(
+    info = JobInfo(
         job=job,
         tenant=tenant,
         kernel=spec.kernel,
@@ -171,8 +192,9 @@ async def inspect(conn: Connection, broker: BrokerSettings, tenant: str, job: st
         started_at=rec.started_at if rec else 0.0,
         finished_at=rec.finished_at if rec else 0.0,
         failures_by_kind=dict(failures),
-        value=_value(rec) if rec else None,
+        value=record_value(rec) if rec else None,
     )
+    return await with_driver(conn, broker, info)
 
 
 async def read_spec(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> JobSpec:

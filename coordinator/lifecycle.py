@@ -75,9 +75,9 @@ async def _stop_work(conn: Connection, broker: BrokerSettings, tenant: str, job:
 async def remove(conn: Connection, broker: BrokerSettings, tenant: str, job: str) -> None:
     """Delete everything of a job; a running job is cancelled first.
 
-    Gone afterwards: spec, record, consumer, chunks, results, advisories, checkpoints and
-    outputs. Without its spec (removed before) whatever is left is still removed: results
-    that chunks running during an earlier `rm` published after it.
+    Gone afterwards: spec, record, heartbeat and origin, consumer, chunks, results,
+    advisories, checkpoints and outputs. Without its spec (removed before) whatever is left
+    is still removed: results that chunks running during an earlier `rm` published after it.
 
     Raises:
         JobNotFound: nothing of a job of this id is stored for the tenant.
@@ -99,8 +99,8 @@ async def remove(conn: Connection, broker: BrokerSettings, tenant: str, job: str
         # Only workers write checkpoints (with auth on); a chunk's is deleted with its result.
         log.debug("checkpoints left to the workers job=%s tenant=%s", job, tenant)
     await _delete_outputs(conn, broker, tenant, job)
-    for key in (s.job_state_key(tenant, job), s.job_key(tenant, job)):
-        await _delete_job_key(conn, broker, key)
+    for key in (s.job_state_key, s.job_alive_key, s.job_origin_key, s.job_key):
+        await _delete_job_key(conn, broker, key(tenant, job))
     log.info("job removed job=%s tenant=%s", job, tenant)
 
 

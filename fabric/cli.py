@@ -175,6 +175,20 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     add_metrics_port(p, "the coordinator's")
     p.add_argument("--plot", metavar="PNG", help="draw leases and chunks done over time here")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run the job's coordinator in a process that outlives this terminal; print the "
+        "job id and log path and return once it drives the job",
+    )
+    p.add_argument(
+        "--log",
+        metavar="PATH",
+        help="with --detach: the coordinator's log (default "
+        "$XDG_STATE_HOME/vramfabric/jobs/JOB.log, else ~/.local/state/vramfabric/jobs/JOB.log)",
+    )
+    # Set by --detach for the coordinator it starts: stored in the job's origin.
+    p.add_argument("--logged-to", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_run)
     p = sub.add_parser("status", help="show live nodes, slices free and leased, usage per tenant")
     p.add_argument("--json", action="store_true")

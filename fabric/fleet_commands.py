@@ -20,6 +20,7 @@ from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import joblist, lifecycle
 from vramfabric.coordinator.collect import housekeep
+from vramfabric.coordinator.driver import ORPHANED
 from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.settings import CoordinatorSettings
 
@@ -61,6 +62,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print(json.dumps([i.as_dict(now) for i in page.jobs], default=jsonable))
     else:
         print_jobs(list(page.jobs), now)
+    if orphaned := [i.job for i in page.jobs if i.state == ORPHANED]:
+        err.print(
+            f"vramfabric: {len(orphaned)} job(s) orphaned (their coordinator is gone): "
+            f"`vramfabric job {orphaned[-1]}` says how to resume one"
+        )
     if len(page.jobs) < page.total:
         err.print(
             f"vramfabric: showing the {len(page.jobs)} most recently active of {page.total} "

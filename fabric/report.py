@@ -178,6 +178,12 @@ def print_job(info: JobInfo, now: float) -> None:
         print(f"  failed {kind}: {n}")
     if info.value is not None:
         print(f"aggregate: {json.dumps(info.value)}")
+    if info.coordinator:
+        print(f"coordinator: {info.coordinator}")
+    if info.resume:
+        print(f"coordinator gone; resume with: {info.resume}")
+    if info.log:
+        print(f"log: {info.log}")
 
 
 def _age(seconds: float) -> str:

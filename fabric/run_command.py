@@ -1,4 +1,9 @@
-"""`vramfabric run`: a JOB.toml against a running fabric, with progress, metrics and a plot."""
+"""`vramfabric run`: a JOB.toml against a running fabric, with progress, metrics and a plot.
+
+`--detach` hands the run to a coordinator process of its own (detach.py). Every run stores
+the job's origin (the job file's absolute path) first, so that a job whose coordinator is
+gone can be resumed from another process (`Fabric.job(ID).result()`).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,15 @@ import asyncio
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
+from vramfabric.broker.jobdriver import JobOrigin
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator.driver import write_origin
 from vramfabric.coordinator.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobfile import JobFile
 from vramfabric.coordinator.metrics import CoordinatorMetrics
@@ -57,10 +65,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric run: {problem}")
         return RET_USAGE
+    if args.detach:
+        from .detach import detach
+
+        return detach(args, job_id)
     seen = _Seen(spec.job.size or 0)
     try:
         with progress_bar(not args.json, seen.total) as progress:
-            result = asyncio.run(_run(spec, seen.watching(progress), args))
+            result = asyncio.run(_run(spec, seen.watching(progress), args, job_id))
         if result is None:
             return RET_NO_NODES
     except KeyboardInterrupt:
@@ -108,12 +120,17 @@ def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
     err.print(f"metrics: http://{addr}:{port}/metrics")
 
 
-async def _run(spec: JobFile, progress: Any, args: argparse.Namespace) -> JobResult | None:
+async def _run(
+    spec: JobFile, progress: Any, args: argparse.Namespace, job_id: str
+) -> JobResult | None:
     settings, metrics = CoordinatorSettings.from_env(), CoordinatorMetrics()
     if args.metrics_port is not None:
         serve_metrics(metrics, args.metrics_port, settings.metrics_addr)
     broker = BrokerSettings.from_env()
     async with await Fabric.connect(broker, settings, metrics) as fabric:
+        path = str(Path(args.jobfile).resolve())
+        origin = JobOrigin(job_id, path, socket.gethostname(), args.logged_to or "")
+        await write_origin(fabric.conn, broker, settings.tenant, origin)
         running = asyncio.ensure_future(
             fabric.run(
                 spec.job,

@@ -32,6 +32,8 @@ from vramfabric.coordinator.jobresult import JobResult
 from vramfabric.coordinator.jobs import Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 
+from .syncjob import SyncJob
+
 T = TypeVar("T")
 
 # After Ctrl-C, a sync call waits this long for its cancelled work to clean up.
@@ -209,6 +211,10 @@ class SyncFabric:
     async def run_async(self, job: Job, aggregator: Aggregator, **kw: Any) -> JobResult:
         """The async form of `run`."""
         return await self._loop.call_async(self.core.run(job, aggregator, **kw))
+
+    def job(self, job_id: str) -> SyncJob:
+        """A stored job by id: `status()`, `cancel()`, `result()` (see Fabric.job)."""
+        return SyncJob(self._loop, self.core.job(job_id))
 
     def leased_bytes(self) -> dict[str, int]:
         """Bytes leased per tenant over the live fleet, as the nodes last advertised."""

@@ -63,6 +63,8 @@ def code_names() -> set[str]:
         s.inbox_prefix("userid"),
         s.job_key("tenantid", "jobid"),
         s.job_state_key("tenantid", "jobid"),
+        s.job_alive_key("tenantid", "jobid"),
+        s.job_origin_key("tenantid", "jobid"),
         s.kv_stream("bucketid"),
         s.kv_subject("bucketid", "keyid"),
         s.kv_job_filter("bucketid", "tenantid", "jobid"),
