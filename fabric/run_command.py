@@ -65,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plot and (problem := plot_problem(args.plot)):
         err.print(f"vramfabric run: {problem}")
         return RET_USAGE
+    if args.log and not args.detach:
+        err.print("vramfabric run: --log is where a detached coordinator logs: add --detach")
+        return RET_USAGE
     if args.detach:
         from .detach import detach
 
