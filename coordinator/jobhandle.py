@@ -135,9 +135,13 @@ class JobHandle:
             status = await self._status(spec)
             if status.state == "cancelled":
                 raise JobCancelled(f"job {self.job_id} was cancelled")
-            jobfile = _load(status.origin, self.job_id) if status.origin else None
+            all_in = spec.n_chunks != UNKNOWN_CHUNKS and status.n_done >= spec.n_chunks
+            follow = status.alive or all_in
+            # The job file is read when it gives the aggregator or rebuilds the job.
+            needed = aggregator is None or not follow
+            jobfile = _load(status.origin, self.job_id) if status.origin and needed else None
             agg = _aggregator(aggregator, jobfile, spec, self.job_id)
-            if status.alive or (spec.n_chunks != UNKNOWN_CHUNKS and status.n_done >= spec.n_chunks):
+            if follow:
                 followed = await self._follow(spec, agg, deadline)
                 if followed is not None:
                     return followed
