@@ -47,6 +47,10 @@ def _stream_reads(stream: str) -> list[str]:
         f"{_API}.CONSUMER.NAMES.{stream}",
         f"{_API}.CONSUMER.LIST.{stream}",
         f"$JS.ACK.{stream}.>",
+        # Flow control of its push consumers (ordered consumers: results followed, objects
+        # read): a consumer whose requests go unanswered is paused by the server (NATS_GUIDE.md
+        # section 13).
+        f"$JS.FC.{stream}.>",
     ]
 
 
@@ -109,7 +113,8 @@ def _worker_paths(s: Subjects, tenant: str, api: str = _API) -> list[tuple[str, 
         (s.result_filter(tenant), False),
         # Job specs only: `<tenant>.<job>` keys, not run records (`<tenant>.<job>.state`).
         (f"{api}.DIRECT.GET.{jobs}.{s.kv_subject(s.jobs_bucket(), tenant)}.*", False),
-        (f"{api}.DIRECT.GET.{kernels}", False),
+        # Code is read in batches of chunks: many answers to one request (broker/objects.py).
+        (f"{api}.DIRECT.GET.{kernels}", True),
         (f"{api}.DIRECT.GET.{kernels}.>", False),
         # Large outputs: the chunks and meta an object put publishes, the purge of the chunks
         # it replaces, and the direct get of an output's meta (worker/store.py).

@@ -1,23 +1,53 @@
-"""Reading an object-store object by direct gets: what crosses from one account to another.
+"""Objects of an object store, written and read at loopback speed, in nats-py's format.
 
-nats-py's `ObjectStore.get` reads an object's chunks through an ordered push consumer, whose
-deliveries stay in the account that owns the store. With auth on, workers read a tenant's
-uploaded code from the tenant's account through the direct gets that account exports
-(broker/auth.py), so they read objects here: the meta by its subject, then each chunk with
-`next_by_subj`, one request each, all answered to the asker's own inbox.
+nats-py's `ObjectStore.get` reads through an ordered push consumer. That consumer can take
+its first message before nats-py has set up its sequence tracking: the next message then
+looks like a gap, the consumer restarts from the first chunk, and the first chunk, already
+queued, is read twice (`DigestMismatchError` on first read, the object intact; seen on 4 of
+6 outputs of 300 KiB read at once). It also needs flow-control replies (a publish grant),
+and without `writeinto` it grows one `bytes` per chunk (quadratic). Its `put` awaits each
+128 KiB chunk's acknowledgement before sending the next.
+
+Here an object is read with batched direct gets (one request per `_READ_BATCH` chunks, the
+answers to the asker's own inbox, no consumer) into a buffer of the size the meta records,
+and written with chunks as large as the server's max payload allows, a window of them
+in flight. The format is nats-py's (meta JSON, chunk subject by nuid, SHA-256 digest), so
+either side may be nats-py's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import json
+from datetime import UTC, datetime
+from typing import Any
 
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.nuid import NUID
 
 from .errors import nats_errors
 from .subjects import Subjects
+
+# Chunks asked for in one direct-get request: 16 MiB of 1 MiB chunks a round trip.
+_READ_BATCH = 16
+# Chunk publishes awaiting their acknowledgement at once while an object is written.
+_WRITE_WINDOW = 8
+# Room left in a chunk for the message's protocol line under the server's max payload.
+_CHUNK_MARGIN_BYTES = 4096
+# The largest chunk written, whatever the server allows (a chunk is one message in memory).
+MAX_CHUNK_BYTES = 8 * 2**20
+# How long one batch of chunks or one acknowledgement may take before the call fails.
+_WAIT_S = 30.0
+
+
+def chunk_bytes_for(max_payload_bytes: int) -> int:
+    """The chunk size to write objects with, under a server's max payload."""
+    return max(4096, min(MAX_CHUNK_BYTES, max_payload_bytes - _CHUNK_MARGIN_BYTES))
 
 
 async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | None:
@@ -25,6 +55,7 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
 
     Raises:
         ValueError: the chunks do not add up to the size or digest the meta records.
+        TransientError: a batch of chunks did not come in time.
     """
     stream = Subjects.object_stream(bucket)
     with nats_errors():
@@ -35,19 +66,131 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
         info = json.loads(meta.data or b"{}")
         if info.get("deleted") or not info.get("nuid"):
             return None
-        chunk_subject = Subjects.object_chunks(bucket, str(info["nuid"]))
-        parts: list[bytes] = []
-        seq = 1
-        for _ in range(int(info.get("chunks") or 0)):
-            msg = await js.get_msg(stream, seq=seq, subject=chunk_subject, next=True, direct=True)
-            parts.append(msg.data or b"")
-            seq = int(msg.seq or 0) + 1
-    data = b"".join(parts)
-    if len(data) != int(info.get("size") or 0):
-        raise ValueError(f"object {name} in {bucket}: {len(data)} bytes, meta says {info['size']}")
+        size, n_chunks = int(info.get("size") or 0), int(info.get("chunks") or 0)
+        chunks = Subjects.object_chunks(bucket, str(info["nuid"]))
+        data = await _read_chunks(js, stream, chunks, size, n_chunks)
     digest = str(info.get("digest") or "")
     if digest.startswith("SHA-256="):
         want = base64.urlsafe_b64decode(digest.removeprefix("SHA-256="))
         if hashlib.sha256(data).digest() != want:
             raise ValueError(f"object {name} in {bucket} does not match its recorded digest")
+    return bytes(data)
+
+
+async def _read_chunks(
+    js: JetStreamContext, stream: str, subject: str, size: int, n_chunks: int
+) -> bytearray:
+    """The `n_chunks` messages on `subject`, in stream order, laid end to end."""
+    data, at, got, seq = bytearray(size), 0, 0, 1
+    nc = js._nc  # nats-py keeps the connection private; the API prefix too (below)
+    inbox = nc.new_inbox()
+    answers: asyncio.Queue[Msg] = asyncio.Queue()
+    sub = await nc.subscribe(
+        inbox, cb=_put_into(answers), pending_bytes_limit=2 * _READ_BATCH * MAX_CHUNK_BYTES
+    )
+    request = Subjects.direct_get(js._prefix, stream)
+    try:
+        while got < n_chunks:
+            batch = min(_READ_BATCH, n_chunks - got)
+            body = {"seq": seq, "next_by_subj": subject, "batch": batch}
+            await nc.publish(request, json.dumps(body).encode(), reply=inbox)
+            before = got
+            while True:
+                msg = await asyncio.wait_for(answers.get(), _WAIT_S)
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "204":  # end of this batch
+                    break
+                if status:
+                    raise nats.js.errors.APIError(
+                        code=int(status), description=headers.get("Description", "")
+                    )
+                chunk = msg.data or b""
+                if at + len(chunk) > size:
+                    raise ValueError(f"object chunks on {subject} exceed its size {size}")
+                data[at : at + len(chunk)] = chunk
+                at, got = at + len(chunk), got + 1
+                seq = int(headers["Nats-Sequence"]) + 1
+            if got == before:  # the stream holds fewer chunks than the meta says
+                break
+    finally:
+        with contextlib.suppress(Exception):  # the connection may be gone; nothing to undo
+            await sub.unsubscribe()
+    if at != size or got != n_chunks:
+        raise ValueError(f"object on {subject}: {at} bytes in {got} chunks, meta says {size}")
     return data
+
+
+def _put_into(queue: asyncio.Queue[Msg]) -> Any:
+    async def put(msg: Msg) -> None:
+        queue.put_nowait(msg)
+
+    return put
+
+
+async def write_object(
+    js: JetStreamContext, bucket: str, name: str, data: bytes, chunk_bytes: int
+) -> None:
+    """Store `data` as object `name` of `bucket`, replacing (and purging) any earlier one.
+
+    Raises:
+        VramfabricError: a chunk or the meta was not stored (the chunks written are purged).
+    """
+    stream = Subjects.object_stream(bucket)
+    nuid = NUID().next().decode()
+    chunks = Subjects.object_chunks(bucket, nuid)
+    meta_subject = Subjects.object_meta(bucket, name)
+    with nats_errors():
+        try:
+            earlier = await js.get_msg(stream, subject=meta_subject, direct=True)
+            earlier_nuid = json.loads(earlier.data or b"{}").get("nuid")
+        except nats.js.errors.NotFoundError:
+            earlier_nuid = None
+        try:
+            digest, n_chunks = await _write_chunks(js, chunks, data, chunk_bytes)
+            info = {
+                "name": name,
+                "bucket": bucket,
+                "nuid": nuid,
+                "size": len(data),
+                "mtime": datetime.now(UTC).isoformat(),
+                "chunks": n_chunks,
+                "digest": "SHA-256=" + base64.urlsafe_b64encode(digest).decode(),
+                "options": {"max_chunk_size": chunk_bytes},
+            }
+            # The meta replaces the name's earlier meta (a rollup of its subject).
+            await js.publish(
+                meta_subject, json.dumps(info).encode(), headers={"Nats-Rollup": "sub"}
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # best effort: the error below is what counts
+                await js.purge_stream(stream, subject=chunks)
+            raise
+        if earlier_nuid and earlier_nuid != nuid:
+            await js.purge_stream(stream, subject=Subjects.object_chunks(bucket, earlier_nuid))
+
+
+async def _write_chunks(
+    js: JetStreamContext, subject: str, data: bytes, chunk_bytes: int
+) -> tuple[bytes, int]:
+    """Publish `data` in chunks on `subject`, in order; (SHA-256, chunk count)."""
+    view, digest = memoryview(data), hashlib.sha256()
+    pending: list[asyncio.Future[Any]] = []
+    n_chunks = 0
+    try:
+        for at in range(0, len(data), chunk_bytes):
+            chunk = view[at : at + chunk_bytes]
+            digest.update(chunk)
+            # Sent in call order on the one connection, so the stream keeps them in order;
+            # each acknowledgement is awaited with a deadline (a refused publish_async never
+            # resolves: nats.py #985).
+            pending.append(await js.publish_async(subject, bytes(chunk)))
+            n_chunks += 1
+            if len(pending) >= _WRITE_WINDOW:
+                await asyncio.wait_for(pending.pop(0), _WAIT_S)
+        for future in pending:
+            await asyncio.wait_for(future, _WAIT_S)
+    finally:
+        for future in pending:
+            future.cancel()
+    return digest.digest(), n_chunks

@@ -205,6 +205,11 @@ class Subjects:
         return f"{self.prefix}_job_{token(job, 'job')}"
 
     @staticmethod
+    def direct_get(api: str, stream: str) -> str:
+        """JetStream API subject of direct gets from a stream (`api`: an import's prefix)."""
+        return f"{api}.DIRECT.GET.{token(stream, 'stream')}"
+
+    @staticmethod
     def pull_next(stream: str, consumer: str, api: str = JS_API) -> str:
         """JetStream API subject for raw pull requests on a consumer (`api`: an import's prefix)."""
         return f"{api}.CONSUMER.MSG.NEXT.{token(stream, 'stream')}.{token(consumer, 'consumer')}"

@@ -15,14 +15,13 @@ from collections.abc import Callable, Collection
 
 import attrs
 from nats.aio.msg import Msg
-from nats.js.object_store import ObjectStore
 from prometheus_client import Counter
 
-from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
 from vramfabric.broker.messages import ChunkResult, JobSpec
+from vramfabric.broker.objects import read_object
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
@@ -78,7 +77,6 @@ class ResultsConsumer:
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _done_total: Counter = attrs.field(init=False)  # this tenant's series, looked up once
     _follower: Follower | None = attrs.field(default=None, init=False)
-    _outputs: ObjectStore | None = attrs.field(default=None, init=False)
     # What the aggregator raised: the run stops and raises it (see `wait`).
     _error: Exception | None = attrs.field(default=None, init=False)
     # While `replayed` waits: the stored chunks, how many of them came through, and a wake-up.
@@ -192,12 +190,11 @@ class ResultsConsumer:
 
     async def _fetch_output(self, result: ChunkResult) -> ChunkResult:
         """The result with its output read from the outputs store (or failed, naming why)."""
+        bucket = self.broker.subjects.outputs_store(self.spec.tenant)
         try:
-            if self._outputs is None:
-                self._outputs = await buckets.outputs_store(
-                    self.conn.js, self.broker, self.spec.tenant
-                )
-            got = await self._outputs.get(str(result.output_ref))
+            got = await read_object(self.conn.js, bucket, str(result.output_ref))
+            if got is None:
+                raise InvalidMessage("output", f"no object {result.output_ref} in {bucket}")
         except Exception as exc:  # recorded: the chunk's result becomes a failed one, logged
             err = from_nats(exc)
             log.warning("output unreadable job=%s index=%d error=%s", result.job, result.index, err)
@@ -207,7 +204,7 @@ class ResultsConsumer:
                 error_kind=ErrorKind.INVALID_MESSAGE,
                 error=f"output {result.output_ref} not readable from the outputs store: {err}",
             )
-        return attrs.evolve(result, output=bytes(got.data or b""))
+        return attrs.evolve(result, output=got)
 
     def add(self, result: ChunkResult, pack: Span | None = None) -> None:
         """Fold one result in (from the pack `pack`, if any), unless its chunk has one."""

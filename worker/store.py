@@ -8,43 +8,19 @@ as `<job>.<chunk>`, and the result names the object.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import attrs
 import nats.js.errors
-from nats.js.api import ObjectInfo
 from nats.js.kv import KeyValue
-from nats.js.object_store import ObjectStore
 
 from vramfabric.broker import buckets
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import nats_errors
+from vramfabric.broker.objects import chunk_bytes_for, write_object
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
-
-
-class PutOnlyStore(ObjectStore):
-    """nats-py's object store, looking an object's meta up by direct get of its subject.
-
-    `put` reads the name's current meta (to purge the chunks it replaces); nats-py does that
-    with a message get, whose grant would read any chunk of the store. The workers' user is
-    only granted direct gets of meta subjects (broker/auth.py), so it cannot read outputs.
-    """
-
-    async def get_info(self, name: str, show_deleted: bool | None = False) -> ObjectInfo:
-        """The object's meta; ObjectNotFoundError if there is none (or it is deleted)."""
-        meta = Subjects.object_meta(self._name, name)
-        try:
-            msg = await self._js.get_msg(self._stream, subject=meta, direct=True)
-        except nats.js.errors.NotFoundError:
-            raise nats.js.errors.ObjectNotFoundError from None
-        info: ObjectInfo = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
-        if not show_deleted and info.deleted:
-            raise nats.js.errors.ObjectNotFoundError
-        return info
 
 
 @attrs.define
@@ -54,7 +30,8 @@ class ChunkStore:
     conn: Connection
     broker: BrokerSettings
     _checkpoints: KeyValue | None = attrs.field(default=None, init=False)
-    _outputs: dict[str, ObjectStore] = attrs.field(factory=dict, init=False)
+    # Tenants whose outputs store is known to exist (made by this node without auth).
+    _outputs: set[str] = attrs.field(factory=set, init=False)
 
     async def _bucket(self) -> KeyValue:
         if self._checkpoints is None:
@@ -89,17 +66,14 @@ class ChunkStore:
     async def put_output(self, tenant: str, job: str, index: int, output: bytes) -> str:
         """Store a large output; return the object's name."""
         name = self.broker.subjects.output_object(job, index)
-        store = self._outputs.get(tenant)
-        if store is None:
-            bucket = self.broker.subjects.outputs_store(tenant)
-            if not self.broker.accounts:
-                # With auth on it is in the tenant's account, provisioned by the operator.
-                await buckets.outputs_store(self.conn.js, self.broker, tenant)
-            js = self.conn.tenant_js(tenant)
-            store = PutOnlyStore(
-                name=bucket, stream=self.broker.subjects.object_stream(bucket), js=js
-            )
-            self._outputs[tenant] = store
-        with nats_errors():
-            await store.put(name, output)
+        bucket = self.broker.subjects.outputs_store(tenant)
+        if tenant not in self._outputs and not self.broker.accounts:
+            # With auth on it is in the tenant's account, provisioned by the operator.
+            await buckets.outputs_store(self.conn.js, self.broker, tenant)
+        self._outputs.add(tenant)
+        # Through what the tenant's account exports to the workers: chunk and meta publishes,
+        # the purge of a replaced object's chunks, and direct gets of meta subjects only, so
+        # the workers' user cannot read outputs back (broker/auth.py).
+        js = self.conn.tenant_js(tenant)
+        await write_object(js, bucket, name, output, chunk_bytes_for(self.conn.nc.max_payload))
         return name

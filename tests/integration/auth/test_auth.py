@@ -36,12 +36,12 @@ from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import ErrorKind, JobCancelled, JobNotFound, PermissionDenied
 from vramfabric.broker.messages import ReleaseRequest, RenewRequest
+from vramfabric.broker.objects import write_object
 from vramfabric.coordinator import Fabric, Job, joblist, lifecycle
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.coordinator.leasing import LeasePool
 from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
-from vramfabric.worker.store import PutOnlyStore
 
 
 async def test_unauthenticated_and_wrong_password_clients_are_refused(
@@ -348,9 +348,9 @@ async def test_worker_user_stores_large_outputs_but_cannot_read_them(
             await js.subscribe(first.subject, stream=stream, ordered_consumer=True)
 
     # And a worker overwriting an object (a chunk run again) replaces its chunks
-    put_only = PutOnlyStore(name=store, stream=stream, js=w.tenant_js("alice"))
-    await put_only.put("again.0", b"first" * 100)
-    await put_only.put("again.0", b"second" * 100)
+    as_worker = w.tenant_js("alice")
+    await write_object(as_worker, store, "again.0", b"first" * 100, chunk_bytes=256)
+    await write_object(as_worker, store, "again.0", b"second" * 100, chunk_bytes=256)
     got = await (await op.js.object_store(store)).get("again.0")
     assert got.data == b"second" * 100
     info = await op.js.stream_info(stream, subjects_filter=f"$O.{store}.C.>")
