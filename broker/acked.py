@@ -32,9 +32,21 @@ _STATUS = "Status"
 _NO_RESPONDERS = "503"
 
 
+@attrs.frozen
+class Stored:
+    """A stream's acknowledgement of one publish: where the message is, and if it was a repeat.
+
+    For a duplicate (its `Nats-Msg-Id` seen inside the dedup window) `seq` is the first
+    message's sequence, which may since have been consumed or purged.
+    """
+
+    seq: int
+    duplicate: bool
+
+
 @attrs.define
 class AckedPublisher:
-    """Publishes to streams and hands back a future of each publish's `duplicate` flag."""
+    """Publishes to streams and hands back a future of each publish's acknowledgement."""
 
     nc: Client
     timeout_s: float
@@ -43,7 +55,9 @@ class AckedPublisher:
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
     # Reply token -> (future, loop time its PubAck is due by). All publishes share one
     # timeout, so insertion order is deadline order: the sweep looks at the oldest only.
-    _pending: dict[str, tuple[asyncio.Future[bool], float]] = attrs.field(factory=dict, init=False)
+    _pending: dict[str, tuple[asyncio.Future[Stored], float]] = attrs.field(
+        factory=dict, init=False
+    )
     _sweep: asyncio.TimerHandle | None = attrs.field(default=None, init=False)
 
     async def start(self) -> AckedPublisher:
@@ -70,8 +84,8 @@ class AckedPublisher:
 
     async def submit(
         self, subject: str, payload: bytes, headers: dict[str, str] | None = None
-    ) -> asyncio.Future[bool]:
-        """Publish; the future gives True if the stream took it for a duplicate.
+    ) -> asyncio.Future[Stored]:
+        """Publish; the future gives the stream's acknowledgement.
 
         The future fails with nats-py's exceptions: the stream's APIError, NoRespondersError
         when no stream listens, TimeoutError when no PubAck came within `timeout_s`; or with
@@ -80,7 +94,7 @@ class AckedPublisher:
         """
         token = str(next(self._ids))
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
+        future: asyncio.Future[Stored] = loop.create_future()
         self._pending[token] = (future, loop.time() + self.timeout_s)
         if self._sweep is None:
             self._sweep = loop.call_later(self.timeout_s / 4, self._expire)
@@ -97,7 +111,7 @@ class AckedPublisher:
         return future
 
     def _guard(
-        self, nc: GuardedClient, subject: str, token: str, future: asyncio.Future[bool]
+        self, nc: GuardedClient, subject: str, token: str, future: asyncio.Future[Stored]
     ) -> None:
         """Fail the publish with PermissionDenied as soon as the server refuses its subject.
 
@@ -120,7 +134,7 @@ class AckedPublisher:
         self, subject: str, payload: bytes, headers: dict[str, str] | None = None
     ) -> bool:
         """Publish and wait for the PubAck; True if the stream took it for a duplicate."""
-        return await (await self.submit(subject, payload, headers))
+        return (await (await self.submit(subject, payload, headers))).duplicate
 
     async def _on_ack(self, msg: Msg) -> None:
         entry = self._pending.pop(msg.subject[len(self._prefix) + 1 :], None)
@@ -135,7 +149,7 @@ class AckedPublisher:
             if "error" in reply:
                 # It raises the error rather than return it (the cause of nats.py #985).
                 nats.js.errors.APIError.from_error(reply["error"])
-            future.set_result(bool(reply.get("duplicate")))
+            future.set_result(Stored(int(reply.get("seq") or 0), bool(reply.get("duplicate"))))
         except nats.js.errors.APIError as exc:
             future.set_exception(exc)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:

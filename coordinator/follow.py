@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -61,12 +62,18 @@ class Follower:
     retry: CallRetry
     # No message handled for this long while the consumer has some pending is a stall.
     stall_s: float = 10.0
+    # A message being handled is progress for this long (a large output downloading, whose
+    # reads have deadlines of their own); past it, the handler counts as stuck.
+    handle_limit_s: float = 300.0
     # Called once with FollowerStalled when the follower gives up.
     on_fail: Callable[[FollowerStalled], None] | None = None
     stalls: int = attrs.field(default=0, init=False)
     handled: int = attrs.field(default=0, init=False)
     _next_seq: int = attrs.field(default=1, init=False)
     _consumer_seq: int = attrs.field(default=0, init=False)
+    # The consumer sequence of the last message handled, and whether one is being handled.
+    _handled_seq: int = attrs.field(default=0, init=False)
+    _busy_since: float | None = attrs.field(default=None, init=False)
     _sub: JetStreamContext.PushSubscription | None = attrs.field(default=None, init=False)
     _resubscribing: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _watchdog: asyncio.Task[None] | None = attrs.field(default=None, init=False)
@@ -96,8 +103,11 @@ class Follower:
         check_s = self.stall_s
         while self._running:
             await asyncio.sleep(period_s)  # the check period itself
-            if self.handled != seen or self._sub is None:
+            if self.handled != seen:
                 seen, quiet_s, self.stalls, check_s = self.handled, 0.0, 0, self.stall_s
+                continue
+            if self._sub is None or self._handling():
+                quiet_s = 0.0  # not quiet: resubscribing, or a message being handled
                 continue
             if self._resubscribing and not self._resubscribing.done():
                 continue
@@ -115,6 +125,11 @@ class Follower:
                 return
             self._on_reconnect()
 
+    def _handling(self) -> bool:
+        """Whether a message is being handled, within `handle_limit_s`."""
+        since = self._busy_since
+        return since is not None and time.monotonic() - since < self.handle_limit_s
+
     async def _stalled(self) -> bool:
         """Whether the consumer is gone, or has messages pending that do not come."""
         sub = self._sub
@@ -125,10 +140,11 @@ class Follower:
         except Exception as exc:  # any failure to ask is recorded as a lost consumer
             log.info("follower consumer lost subject=%s error=%s", self.subject, from_nats(exc))
             return True
-        # Messages on the server for us, or delivered but never handled (dropped, or a handler
-        # stuck on one): resubscribing from the first unhandled one starts them again.
-        delivered = (info.delivered.stream_seq or 0) if info.delivered else 0
-        waiting = bool(info.num_pending) or delivered >= self._next_seq
+        # Messages on the server for us, or delivered to us but never handled (dropped, or
+        # lost in a reset). Judged by this consumer's own sequence: its stream position moves
+        # past other jobs' results in the stream with nothing delivered (a filtered consumer).
+        delivered = (info.delivered.consumer_seq or 0) if info.delivered else 0
+        waiting = bool(info.num_pending) or delivered > self._handled_seq
         if waiting:
             log.warning(
                 "follower stalled subject=%s pending=%s handled=%d quiet_s=%.0f",
@@ -165,7 +181,7 @@ class Follower:
                 pending_msgs_limit=PENDING_MSGS_LIMIT,
                 pending_bytes_limit=PENDING_BYTES_LIMIT,
             )
-        self._consumer_seq = 0
+        self._consumer_seq = self._handled_seq = 0
 
     async def _on_msg(self, msg: Msg) -> None:
         stream_seq, consumer_seq = _sequences(msg)
@@ -183,10 +199,15 @@ class Follower:
             self._on_reconnect()
             return
         self._consumer_seq = consumer_seq
-        await self.handler(msg)
+        self._busy_since = time.monotonic()
+        try:
+            await self.handler(msg)
+        finally:
+            self._busy_since = None
         # Only once handled: a resubscribe that cancels a handler mid-way (nats-py cancels
         # the callback with the subscription) must deliver that message again.
         self._next_seq = stream_seq + 1
+        self._handled_seq = consumer_seq
         self.handled += 1
 
     def _on_reconnect(self) -> None:

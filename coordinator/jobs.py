@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from vramfabric.broker import buckets
-from vramfabric.broker.acked import AckedPublisher
+from vramfabric.broker.acked import AckedPublisher, Stored
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
@@ -34,6 +34,7 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
 
+from .requeue import not_queued
 from .settings import CoordinatorSettings
 from .work import JobWork, Work, job_work
 
@@ -223,14 +224,18 @@ async def submit_chunks(
         PermanentError: the stream refused a chunk for good (a permission error, say).
     """
     pending: list[Span] = [i if isinstance(i, tuple) else (i, i) for i in indices]
-    duplicates = 0
+    repeats: list[tuple[Span, int]] = []  # (span, the first message's sequence)
     own = acks is None
     publisher = acks or await AckedPublisher(conn.nc, PUBLISH_ACK_WAIT_S).start()
 
     async def publish_pending() -> None:
-        nonlocal pending, duplicates
+        nonlocal pending
         outcomes = await _publish_round(publisher, broker, spec, inputs, pending, rerun)
-        duplicates += sum(1 for o in outcomes if o is True)
+        repeats.extend(
+            (span, o.seq)
+            for span, o in zip(pending, outcomes, strict=True)
+            if isinstance(o, Stored) and o.duplicate
+        )
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         pending = [
             i for i, o in zip(pending, outcomes, strict=True) if isinstance(o, BaseException)
@@ -245,10 +250,14 @@ async def submit_chunks(
 
     try:
         await broker.call_retry.call(publish_pending, what=f"submit chunks job={spec.job_id}")
+        gone = await not_queued(conn, broker, spec, repeats) if repeats and not rerun else []
+        if gone:
+            fresh = uuid.uuid4().hex[:12]
+            await submit_chunks(conn, broker, spec, inputs, gone, fresh, publisher)
     finally:
         if own:
             await publisher.stop()
-    return duplicates
+    return len(repeats) - len(gone)
 
 
 async def _publish_round(

@@ -149,6 +149,7 @@ async def test_follower_whose_handler_never_returns_gives_up_with_a_clear_error(
         hang,
         broker.call_retry,
         stall_s=0.5,
+        handle_limit_s=1.0,
         on_fail=failures.append,
     )
     await follower.start()
