@@ -74,14 +74,16 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
         want = base64.urlsafe_b64decode(digest.removeprefix("SHA-256="))
         if hashlib.sha256(data).digest() != want:
             raise ValueError(f"object {name} in {bucket} does not match its recorded digest")
-    return bytes(data)
+    return data
 
 
 async def _read_chunks(
     js: JetStreamContext, stream: str, subject: str, size: int, n_chunks: int
-) -> bytearray:
+) -> bytes:
     """The `n_chunks` messages on `subject`, in stream order, laid end to end."""
-    data, at, got, seq = bytearray(size), 0, 0, 1
+    # Joined once at the end: one copy of the whole (a copy of 64 MiB costs 0.1 s here).
+    parts: list[bytes] = []
+    at, got, seq = 0, 0, 1
     nc = js._nc  # nats-py keeps the connection private; the API prefix too (below)
     inbox = nc.new_inbox()
     answers: asyncio.Queue[Msg] = asyncio.Queue()
@@ -108,7 +110,7 @@ async def _read_chunks(
                 chunk = msg.data or b""
                 if at + len(chunk) > size:
                     raise ValueError(f"object chunks on {subject} exceed its size {size}")
-                data[at : at + len(chunk)] = chunk
+                parts.append(chunk)
                 at, got = at + len(chunk), got + 1
                 seq = int(headers["Nats-Sequence"]) + 1
             if got == before:  # the stream holds fewer chunks than the meta says
@@ -118,7 +120,7 @@ async def _read_chunks(
             await sub.unsubscribe()
     if at != size or got != n_chunks:
         raise ValueError(f"object on {subject}: {at} bytes in {got} chunks, meta says {size}")
-    return data
+    return b"".join(parts)
 
 
 def _put_into(queue: asyncio.Queue[Msg]) -> Any:
@@ -184,7 +186,8 @@ async def _write_chunks(
             # Sent in call order on the one connection, so the stream keeps them in order;
             # each acknowledgement is awaited with a deadline (a refused publish_async never
             # resolves: nats.py #985).
-            pending.append(await js.publish_async(subject, bytes(chunk)))
+            # A view, not a copy: nats-py copies it once into the protocol line anyway.
+            pending.append(await js.publish_async(subject, chunk))  # type: ignore[arg-type]
             n_chunks += 1
             if len(pending) >= _WRITE_WINDOW:
                 await asyncio.wait_for(pending.pop(0), _WAIT_S)
