@@ -50,6 +50,7 @@ class LoopThread:
             target=self.loop.run_forever, name="vramfabric", daemon=True
         )
         self._thread.start()
+        self._started: set[asyncio.Task[None]] = set()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the loop and block until it ends; Ctrl-C cancels it, then re-raises."""
@@ -77,6 +78,21 @@ class LoopThread:
             raise
         assert task is not None
         return task.result()
+
+    def call_or_start(self, coro: Coroutine[Any, Any, None]) -> None:
+        """`call`, or only start `coro` where a sync call cannot wait for it.
+
+        That is on the loop's own thread (a generator finalized there) and once the fabric
+        is closed (nothing left to run it: `coro` is dropped).
+        """
+        if threading.current_thread() is self._thread:
+            task = self.loop.create_task(coro)
+            self._started.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(self._started.discard)
+        elif not self.loop.is_running():
+            coro.close()
+        else:
+            self.call(coro)
 
     async def call_async(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro`, run on the loop, from another loop (cancelling this cancels it)."""
@@ -135,20 +151,24 @@ class GpuBlock:
 
 @attrs.define
 class MapResults:
-    """The results of `fabric.map`: iterate with `for` or `async for`; `close` stops the rest."""
+    """The results of `fabric.map`: iterate with `for` or `async for`; `close` stops the rest.
+
+    Leaving a loop over it early (`break`, `return`, an exception) stops the map and releases
+    every lease before the next statement runs, with no call to `close` and no wait for the
+    garbage collector: each loop gets a fresh iterator that only the loop holds, so CPython
+    frees it, and closes it, the moment the loop lets go of it.
+    """
 
     _loop: LoopThread
     _results: AsyncIterator[Any]
-    _sync: Iterator[Any] | None = attrs.field(default=None, init=False)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._sync is None:
-            self._sync = self._pull()
-        return self._sync
+        # Not kept here: a reference from this object (which the generator's frame holds)
+        # would make a cycle that only the garbage collector breaks, and the leases would be
+        # held until it ran.
+        return self._pull()
 
     def _pull(self) -> Iterator[Any]:
-        # A generator: leaving a `for` loop early closes it (at once in CPython), which
-        # stops the map and releases its leases.
         try:
             while True:
                 try:
@@ -156,7 +176,8 @@ class MapResults:
                 except StopAsyncIteration:
                     return
         finally:
-            self.close()
+            # Also when the loop that held this generator let go of it (close() at once).
+            self._loop.call_or_start(_close(self._results))
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._pull_async()

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
+import vramfabric
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker.errors import ChunkFailed
+from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator import CoordinatorSettings
+
+SYNC_SETTINGS = CoordinatorSettings(slice_bytes=2**30, lease_ttl_s=3.0, ack_wait_s=1.0)
 
 
 def double(x: int) -> int:
@@ -96,3 +103,53 @@ async def test_a_caller_that_stops_reading_stops_the_submission(
     # their places, so memory stays bounded however slow the caller is
     assert next(read) <= 1 + 64 + 1
     await results.aclose()  # type: ignore[attr-defined]
+
+
+def first_of_endless_map(fabric: vramfabric.SyncFabric) -> int:
+    """A plain `for` over a sync map, left with `break` after one result (no close())."""
+    first = -1
+    for value in fabric.map(double, itertools.count(), slices=2):
+        first = int(value)
+        break
+    return first
+
+
+def keep_a_map_and_break(fabric: vramfabric.SyncFabric) -> tuple[int, object]:
+    """The same, with the results kept in a variable that outlives the loop."""
+    results = fabric.map(double, itertools.count(), slices=2)
+    first = -1
+    for value in results:
+        first = int(value)
+        break
+    return first, results
+
+
+@pytest.mark.parametrize("loop", [first_of_endless_map, keep_a_map_and_break])
+async def test_a_sync_map_left_by_break_releases_within_a_second_without_close(
+    agent_factory: AgentFactory, broker: BrokerSettings, loop: Callable[..., object]
+) -> None:
+    # Given a node, and a sync fabric (as a script or a notebook has) with the garbage
+    # collector off, so that nothing but the loop itself can end the map
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await asyncio.to_thread(vramfabric.connect, broker, SYNC_SETTINGS)
+    gc.disable()
+    try:
+        # When a plain `for` loop over an endless map breaks after its first result
+        await asyncio.to_thread(loop, fabric)
+        left_at = time.monotonic()
+        # Then within a second the node's ledger and its advert show nothing leased by the
+        # tenant (the map's leases released, not left to the garbage collector)
+        await eventually(
+            lambda: (
+                agent.ledger.leased_bytes == 0
+                and agent.ledger.advert(0).tenants.get("default", 0) == 0
+            ),
+            timeout_s=5.0,
+        )
+        assert time.monotonic() - left_at < 1.0
+        # And the tenant's next map runs to its end
+        again = await asyncio.to_thread(lambda: sorted(fabric.map(double, range(20))))
+        assert again == [2 * i for i in range(20)]
+    finally:
+        gc.enable()
+        await asyncio.to_thread(fabric.close)
