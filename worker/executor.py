@@ -28,6 +28,7 @@ from vramfabric.kernels.settings import CudaSettings
 from . import ipc
 from .executor_work import Failure, WorkRunner, is_cuda_error, summary
 from .hardening import make_undumpable
+from .leftovers import Leftovers, become_subreaper
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0
@@ -56,6 +57,8 @@ class Executor:
         self._pending_lock = threading.Lock()
         self._flushing = False
         self._checkpoints: dict[int, tuple[threading.Event, list[str | None]]] = {}
+        # Processes chunks started and left running: killed once no chunk runs here.
+        self._leftovers = Leftovers()
         # One thread per lease that may run here (the agent sends one chunk per lease at a
         # time), started now: a thread started mid-burst waits for the GIL behind the busy
         # ones, and a burst of them stalled the first job for most of a second.
@@ -110,6 +113,16 @@ class Executor:
                     waiter[0].set()
 
     def _run(self, frame: dict[str, Any]) -> None:
+        self._leftovers.enter()
+        try:
+            reply = self._outcome(frame)
+        finally:
+            # Before `done`: once the agent has the outcome, nothing of the chunk runs.
+            self._leftovers.leave()
+        self.send(reply)
+
+    def _outcome(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """The `done` frame for a `run` frame (a CUDA error ends this process instead)."""
         task = frame["task"]
         start = time.perf_counter()
         try:
@@ -145,7 +158,7 @@ class Executor:
             # Unexpected exceptions in user code are permanent: the message names the cause.
             reply = {"op": "done", "task": task, "ok": False, "kind": ErrorKind.ERROR.value}
             reply["error"] = summary(exc)
-        self.send(reply)
+        return reply
 
     def _run_pack(self, frame: dict[str, Any]) -> bytes:
         """Run a pack's chunks one after another; their outcomes, each its own."""
@@ -264,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     inp, out = _private_pipes()
+    # What chunks start is reaped here, never by init: killed once they end (leftovers.py).
+    become_subreaper()
     # Beside the frames, not before them: a start stays as quick as it was.
     threading.Thread(target=_prune_host_cache, name="prune", daemon=True).start()
     Executor(args, out).serve(inp)

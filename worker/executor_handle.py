@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,14 +18,12 @@ from typing import Any
 import attrs
 
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
-from vramfabric.broker.server import die_with_parent
-from vramfabric.kernels.cuda_compile import KernelCompileError
-from vramfabric.kernels.host_cache import BUILTINS_MODE, own_folder
-from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
-from .containment import Sandbox, executor_env
+from .containment import Sandbox
+from .executor_start import start_executor
 from .gpus import GpuSpec
+from .process_group import FRAMES_AFTER_EXIT_S, GroupProcess, exit_reason
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +36,6 @@ ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
-# The only VRAMFABRIC_ variables an executor gets, set for it here (never the worker's own).
-EXECUTOR_SETTINGS = ("VRAMFABRIC_CUDA_CHECK", "VRAMFABRIC_HOST_BUILTINS", "VRAMFABRIC_HOST_CACHE")
 
 
 class Bystander(ExecutorCrashed):
@@ -78,7 +71,8 @@ class ExecutorProcess:
     """One executor process and the chunks it is running."""
 
     key: ExecKey
-    proc: asyncio.subprocess.Process
+    # The process, in a process group of its own (worker/process_group.py).
+    proc: GroupProcess
     on_exit: Callable[[ExecutorProcess], None]
     ready: asyncio.Future[None] = attrs.field(
         factory=lambda: asyncio.get_running_loop().create_future()
@@ -114,52 +108,9 @@ class ExecutorProcess:
         With a `sandbox` the process runs as its uid and gid, with no supplementary groups,
         in its private directory.
         """
-        args: list[str] = ["--slots", str(slots)]
-        for module in kernel_modules:
-            args += ["--kernel-module", module]
-        # Users' code runs there: it gets none of the worker's settings, NATS credentials
-        # included (VRAMFABRIC_NATS_PASSWORD, VRAMFABRIC_NATS_CREDS, ...).
-        env = executor_env(os.environ, sandbox)
-        # Kernels reach executors checked (by the coordinator, or this agent's prebuild):
-        # importing NVRTC to check them again cost each process 0.2 s (kernels/settings.py).
-        env["VRAMFABRIC_CUDA_CHECK"] = "0"
-        user: dict[str, Any] = {}
-        # -s: no user site-packages from HOME; -P: not the tenant's own cwd first on the path.
-        flags = ["-s", "-P"] if sandbox else []
-        if sandbox is not None:
-            user = {"user": sandbox.uid, "group": sandbox.gid, "extra_groups": []}
-            user["cwd"] = sandbox.home
-        if gpu.simulated:
-            args.append("--simulated")
-            # The node's built-in host kernels (kernels/prebuild.py), built by this agent.
-            cuda = CudaSettings.from_env()
-            # Made here, as this uid's: an executor of a tenant's uid must never make it.
-            with contextlib.suppress(KernelCompileError, OSError):
-                own_folder(cuda.builtins_dir, BUILTINS_MODE)
-            env["VRAMFABRIC_HOST_BUILTINS"] = str(cuda.builtins_dir)
-            if sandbox is None:  # a contained executor builds in its own private folder
-                env["VRAMFABRIC_HOST_CACHE"] = str(cuda.host_cache)
-        else:
-            # The process sees its GPU alone, as device 0.
-            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.index)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        if gpu.cpus:
-            args += ["--cpus", ",".join(map(str, gpu.cpus))]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *flags,
-            "-m",
-            "vramfabric.worker.executor",
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            # Runs after the uid switch, which would clear the parent-death signal.
-            preexec_fn=die_with_parent,
-            **user,
-        )
+        proc = await start_executor(gpu, kernel_modules, slots, sandbox)
         exe = cls(key, proc, on_exit)
-        exe.reader = asyncio.get_running_loop().create_task(exe._read())
+        exe.reader = asyncio.get_running_loop().create_task(exe._watch())
         return exe
 
     @property
@@ -174,7 +125,7 @@ class ExecutorProcess:
         not one system call each. A frame lost with the process fails its chunk through the
         reader (`_died`), as any chunk running there does.
         """
-        stdin = self.proc.stdin
+        stdin = self.proc.proc.stdin
         assert stdin is not None
         if stdin.is_closing():
             raise ExecutorCrashed("executor process gone: its pipe is closed")
@@ -200,33 +151,55 @@ class ExecutorProcess:
             return
         data = b"".join(self._outbox)
         self._outbox.clear()
-        stdin = self.proc.stdin
+        stdin = self.proc.proc.stdin
         assert stdin is not None
         # Best effort: if the process is gone its reader fails the chunks these frames carried.
         with contextlib.suppress(ConnectionError, RuntimeError):
             stdin.write(data)
 
     def kill(self, why: str) -> None:
-        """SIGKILL the process; its running chunks fail with `why`."""
+        """SIGKILL the process and its group; its running chunks fail with `why`."""
         if not self.doom:
             self.doom = why
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+            self.proc.kill_group()
+
+    async def _watch(self) -> None:
+        """Read frames until the process ends, then fail what it was running.
+
+        Its end is the process's own, never its pipe's end-of-file: a process a chunk
+        started may hold the pipe open for ever. Whatever it started dies with it.
+        """
+        frames = asyncio.get_running_loop().create_task(self._read())
+        await asyncio.wait((frames, self.proc.exited), return_when=asyncio.FIRST_COMPLETED)
+        if not self.proc.exited.done() and not self.doom:
+            # Its pipe closed: it is ending (crashed, or done), or it closed the pipe itself.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.proc.exited), FRAMES_AFTER_EXIT_S)
+        if not self.proc.exited.done():
+            # No more frames (a bad one, or its pipe closed) from a live process: useless.
+            self.kill(self.doom or "executor closed its frame pipe")
+            await self.proc.exited
+        self.proc.kill_group()
+        # The frames it wrote before it ended (a `done` naming the culprit) are read first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(frames), FRAMES_AFTER_EXIT_S)
+        frames.cancel()
+        self.proc.close_pipes()
+        self._died()
 
     async def _read(self) -> None:
-        stdout = self.proc.stdout
+        stdout = self.proc.proc.stdout
         assert stdout is not None
         try:
             while True:
                 header = await stdout.readexactly(ipc.HEADER_BYTES)
                 self._on_frame(ipc.unpack(await stdout.readexactly(ipc.length_of(header))))
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the process is gone: see below
+            pass  # the pipe is closed: the process is gone, or going (`_watch`)
         except (ValueError, TypeError, KeyError) as exc:
             # A garbled frame (users' code runs there): the process cannot be trusted now.
             self.kill(f"executor sent a bad frame: {type(exc).__name__}: {exc}")
-        await self._died()
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
         op = frame["op"]
@@ -265,9 +238,10 @@ class ExecutorProcess:
         with contextlib.suppress(ExecutorCrashed):
             await self.send({"op": "checkpointed", "task": frame["task"], "error": error})
 
-    async def _died(self) -> None:
-        code = await self.proc.wait()
-        why = self.doom or f"executor process died ({_exit_reason(code)}) while running this chunk"
+    def _died(self) -> None:
+        code = self.proc.returncode
+        assert code is not None  # it has exited (`_watch`)
+        why = self.doom or f"executor process died ({exit_reason(code)}) while running this chunk"
         running = [task for task in self.tasks.values() if not task.future.done()]
         for task in running:
             task.future.set_exception(self._verdict(why, len(running)))
@@ -299,12 +273,3 @@ def _failure(frame: dict[str, Any]) -> VramfabricError:
     if kind is ErrorKind.CRASHED:
         return ExecutorCrashed(message)
     return ChunkFailed(kind, message)
-
-
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

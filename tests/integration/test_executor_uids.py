@@ -22,7 +22,7 @@ from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.coordinator import Gather, Job
 from vramfabric.worker.containment import CONTAINED, DEFAULT_UIDS, obstacle
-from vramfabric.worker.executor_handle import EXECUTOR_SETTINGS
+from vramfabric.worker.executor_start import EXECUTOR_SETTINGS
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uid switching: Linux only"),
