@@ -58,8 +58,9 @@ class PackResult:
     """The outcomes of a pack's chunks `first` .. `first + len(outputs) - 1`, in order.
 
     `outputs[i]` is chunk `first + i`'s output when it succeeded with an output small enough
-    to travel here; otherwise it is None and the chunk's full `ChunkResult` (a failure, or an
-    output in the outputs store) is in `others`. The rest describes the pack's run.
+    to travel here; otherwise it is None and the chunk's full `ChunkResult` (a failure, an
+    output in the outputs store, or a chunk retried alone that succeeded on a later attempt
+    than the pack's) is in `others`. The rest describes the pack's run.
     """
 
     job: str = attrs.field(validator=_is_token)

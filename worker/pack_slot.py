@@ -3,11 +3,14 @@
 The executor runs the pack's chunks one after another and sends back each one's outcome
 (worker/ipc.py, `pack_outcomes`); each chunk's failure is its own. A pack that runs past one
 chunk's deadline, or whose executor ends under it, runs again chunk by chunk through
-ChunkRunner, each under its own deadline, so only the chunk that hangs or crashes pays.
+ChunkRunner, each under its own deadline, so only the chunk that hangs or crashes pays: it
+is retried here, alone, on attempts of its own (the pack's message is not delivered again,
+which would charge every chunk of it a delivery), and the others keep the pack's attempt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -52,8 +55,8 @@ class PackRunner:
 
         Raises:
             CodeRefused: this node may not run the job's work.
-            TransientError: a chunk could not run on this delivery and has deliveries left
-                (the pack is delivered again, whole).
+            TransientError: the job's work could not be had on this delivery (the pack is
+                delivered again, whole); a chunk that hangs or crashes is retried alone.
         """
         r = self.runner
         code_ok = r.policy.allows_code(spec.tenant)
@@ -66,34 +69,12 @@ class PackRunner:
             outcomes, cost_s = await self._execute(spec, pack, lease, attempt)
         finally:
             self.runner.ledger.vacate(lease.lease_id)
-        # The failures first: what they take of the result's payload, the outputs may not.
-        failed = [o for o in outcomes if isinstance(o, ChunkResult)]
-        error_chars = max(PACK_ERROR_CHARS_MIN, PACK_ERROR_CHARS // max(1, len(failed)))
-        others = {r.index: _shortened(r, error_chars) for r in failed}
-        budget = PACK_RESULT_BYTES - sum(len(r.error or "") + 256 for r in others.values())
-        outputs: list[bytes | None] = []
-        for offset, outcome in enumerate(outcomes):
-            index = pack.first + offset
-            if isinstance(outcome, ChunkResult):
-                outputs.append(None)
-                continue
-            small = len(outcome) <= self.runner.settings.inline_output_bytes
-            if small and len(outcome) + 16 <= budget:
-                budget -= len(outcome) + 16
-                outputs.append(outcome)
-                continue
-            # Too large to travel here: the outputs store, as a single chunk's would.
-            ref = await self.runner.store.put_output(spec.tenant, spec.job_id, index, outcome)
-            outputs.append(None)
-            budget -= 256
-            others[index] = ChunkResult(
-                job=spec.job_id, index=index, ok=True, output_ref=ref, attempt=attempt
-            )
+        others, outputs = await self._sorted(spec, pack, outcomes, attempt)
         return PackResult(
             job=spec.job_id,
             first=pack.first,
-            outputs=tuple(outputs),
-            others=tuple(others.values()),
+            outputs=outputs,
+            others=others,
             attempt=attempt,
             node=self.runner.node,
             lease_id=lease.lease_id,
@@ -101,6 +82,48 @@ class PackRunner:
             elapsed_s=time.time() - started_at,
             cost_s=cost_s,
         )
+
+    async def _sorted(
+        self, spec: JobSpec, pack: ChunkPack, outcomes: list[bytes | ChunkResult], attempt: int
+    ) -> tuple[tuple[ChunkResult, ...], tuple[bytes | None, ...]]:
+        """The pack's results of their own (`others`) and its inline outputs, in order."""
+        # The failures first: what they take of the result's payload, the outputs may not.
+        failed = [o for o in outcomes if isinstance(o, ChunkResult) and not o.ok]
+        error_chars = max(PACK_ERROR_CHARS_MIN, PACK_ERROR_CHARS // max(1, len(failed)))
+        others = {r.index: _shortened(r, error_chars) for r in failed}
+        budget = PACK_RESULT_BYTES - sum(len(r.error or "") + 256 for r in others.values())
+        outputs: list[bytes | None] = []
+        for offset, outcome in enumerate(outcomes):
+            index = pack.first + offset
+            if isinstance(outcome, ChunkResult) and not outcome.ok:
+                outputs.append(None)
+                continue
+            # Succeeded: at the pack's attempt (its output), or retried alone (its own result).
+            own = outcome if isinstance(outcome, ChunkResult) else None
+            data = own.output or b"" if own is not None else outcome
+            assert isinstance(data, bytes)
+            inline, ref, budget = await self._place(spec, index, data, budget, own is not None)
+            if own is None and inline is not None:
+                outputs.append(inline)
+                continue
+            outputs.append(None)
+            own = own or ChunkResult(job=spec.job_id, index=index, ok=True, attempt=attempt)
+            others[index] = attrs.evolve(own, output=inline, output_ref=ref)
+        return tuple(others.values()), tuple(outputs)
+
+    async def _place(
+        self, spec: JobSpec, index: int, data: bytes, budget: int, own: bool
+    ) -> tuple[bytes | None, str | None, int]:
+        """(inline output, or the outputs store's name for it; the result's room left).
+
+        Inline while it is small and the pack's result has room (a result of its own takes
+        more room there than a bare output); else in the outputs store, as a chunk's would be.
+        """
+        cost = len(data) + (256 if own else 16)
+        if len(data) <= self.runner.settings.inline_output_bytes and cost <= budget:
+            return data, None, budget - cost
+        ref = await self.runner.store.put_output(spec.tenant, spec.job_id, index, data)
+        return None, ref, budget - 256
 
     async def _execute(
         self, spec: JobSpec, pack: ChunkPack, lease: Lease, attempt: int
@@ -139,18 +162,58 @@ class PackRunner:
     async def _alone(
         self, spec: JobSpec, chunk: Chunk, lease: Lease, attempt: int
     ) -> bytes | ChunkResult:
-        """One chunk of a pack run on its own: its output, or its failed result."""
-        started_at = time.time()
-        try:
-            return (await self.runner.execute(spec, chunk, lease, attempt))[0]
-        except TransientError as exc:
-            if attempt < spec.retry.max_deliver:
-                raise
-            failure: BaseException = exc
-        except Exception as exc:  # recorded: the chunk's failed result names it
-            failure = exc
+        """One chunk of a pack run on its own: its output, or its own result.
+
+        A chunk that hangs or crashes here is retried here, alone, on attempts of its own
+        (`attempt + 1`, ... up to the job's max deliveries, after the retry policy's delay),
+        as a chunk in a message of its own would be redelivered: its result names the attempt
+        it succeeded (or finally failed) on. Its pack-mates keep the pack's attempt.
+        """
+        tries = attempt
+        while True:
+            started_at = time.time()
+            try:
+                output = (await self.runner.execute(spec, chunk, lease, tries))[0]
+            except TransientError as exc:
+                if tries >= spec.retry.max_deliver:
+                    return self._failure(spec, chunk, exc, tries, lease, started_at)
+                log.warning(
+                    "packed chunk retried alone job=%s index=%d attempt=%d error=%s",
+                    spec.job_id,
+                    chunk.index,
+                    tries,
+                    exc,
+                )
+                await asyncio.sleep(spec.retry.nak_delay_s(tries))  # as a nak would delay it
+                tries += 1
+                continue
+            except Exception as exc:  # recorded: the chunk's failed result names it
+                return self._failure(spec, chunk, exc, tries, lease, started_at)
+            if tries == attempt:
+                return output
+            return ChunkResult(
+                job=spec.job_id,
+                index=chunk.index,
+                ok=True,
+                output=output,
+                attempt=tries,
+                node=self.runner.node,
+                lease_id=lease.lease_id,
+                started_at=started_at,
+                elapsed_s=time.time() - started_at,
+            )
+
+    def _failure(
+        self,
+        spec: JobSpec,
+        chunk: Chunk,
+        exc: BaseException,
+        attempt: int,
+        lease: Lease,
+        started_at: float,
+    ) -> ChunkResult:
         return self.runner.failed(
-            spec.job_id, chunk.index, failure, attempt, lease.lease_id, started_at
+            spec.job_id, chunk.index, exc, attempt, lease.lease_id, started_at
         )
 
     def _failed_outcome(
