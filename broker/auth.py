@@ -155,6 +155,7 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
     ]
     # A running job hears a `cancel` on its record's own subject (coordinator/record.py).
     subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter(), s.job_records(tenant)]
+    subscribe.append(s.call_printed_filter(tenant))  # imported: what its calls print
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 
@@ -175,6 +176,7 @@ def worker_permissions(s: Subjects, tenants: Iterable[str]) -> dict[str, object]
     ]
     for tenant in tenants:
         publish += [subject for subject, _ in _worker_paths(s, tenant, s.tenant_api(tenant))]
+        publish.append(s.call_printed_filter(tenant))  # what its calls print, exported to it
     subscribe = [
         f"{s.inbox_prefix(WORKERS_USER)}.>",
         s.advert_filter(),
@@ -238,7 +240,8 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
     checkpoints. A tenant's account holds its user, its streams, buckets and stores, and
     the operator's user for it. What crosses (docs/operations.md has the picture): lease
     requests of that tenant to the nodes, adverts and reads of the adverts bucket (fabric
-    to tenant); interactive calls of that tenant to the nodes (fabric to tenant); the work,
+    to tenant); interactive calls of that tenant to the nodes, and what they print (fabric
+    to tenant); the work,
     result, code and output paths the workers need (tenant to fabric).
     A request that crosses is answered on a reply subject the server makes, which leads back
     to the asker's account and nowhere else.
@@ -257,6 +260,7 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
         *(_export("service", sub, every) for sub in fleet),
         *(_export("service", f"{s.prefix}.lease.{n}.>", [tenant_account(n)]) for n in names),
         *(_export("service", s.tenant_calls_filter(n), [tenant_account(n)]) for n in names),
+        *(_export("stream", s.call_printed_filter(n), [tenant_account(n)]) for n in names),
     ]
     fabric_imports: list[dict[str, object]] = []
     out: dict[str, object] = {}
@@ -281,6 +285,7 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
                 _service(f"{s.prefix}.lease.{n}.>", FABRIC_ACCOUNT),
                 _service(s.tenant_calls_filter(n), FABRIC_ACCOUNT),
                 {"stream": {"account": FABRIC_ACCOUNT, "subject": s.advert_filter()}},
+                {"stream": {"account": FABRIC_ACCOUNT, "subject": s.call_printed_filter(n)}},
                 *(
                     _service(src, FABRIC_ACCOUNT, to)
                     for src, to in zip(fleet, _fleet_reads(s, s.fleet_api()), strict=True)

@@ -3,7 +3,10 @@
 A `with fabric.gpu()` block holds a lease and sends each `gpu.run` straight to the node that
 holds it, on `Subjects.call(tenant, node)`. The node runs the call in the lease's executor
 slot like a chunk and answers with a CallReply; nothing is stored on the way (no job record,
-consumer or spec). The work is uploaded code named by digest, as a batch job's is.
+consumer or spec). The work is uploaded code named by digest, as a batch job's is. What the
+call prints comes back while it runs, as CallOutput messages on a subject the caller names
+(before the CallReply); an outcome too large for a message goes through the tenant's outputs
+object store and the CallReply names it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ def _is_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
     token(value, attr.name)
 
 
+def _is_empty_or_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if value:
+        token(value, attr.name)
+
+
 @attrs.frozen
 class CallRequest:
     """Run the uploaded work `digest` (a pickled callable) on `input` in lease `lease_id`'s slot.
@@ -37,15 +45,30 @@ class CallRequest:
     python: str
     input: bytes
     timeout_s: float = attrs.field(validator=[attrs.validators.gt(0), attrs.validators.le(86_400)])
+    # A fresh token of the caller's: what the call prints goes to `Subjects.call_printed(tenant,
+    # printed_to)` while it runs. Empty: nothing is sent while it runs.
+    printed_to: str = attrs.field(default="", validator=_is_empty_or_token)
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class CallOutput:
+    """Text the call printed, sent on `Subjects.call_printed` while the call runs."""
+
+    stream: str = attrs.field(validator=attrs.validators.in_(("stdout", "stderr")))
+    text: str
     v: int = PROTOCOL_VERSION
 
 
 @attrs.frozen
 class CallReply:
-    """The outcome of one call: the pickled output, or the error that ended it."""
+    """The outcome of one call: the pickled output (or the object holding it), or the error."""
 
     ok: bool
     output: bytes | None = None
+    # An outcome over MAX_CALL_BYTES: its object in the tenant's outputs store, read (and
+    # deleted) by the caller.
+    output_ref: str | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
     node: str = ""

@@ -101,6 +101,14 @@ class Subjects:
             raise ValueError(f"not a call subject: {subject!r}")
         return token(parts[2], "tenant"), token(parts[3], "node")
 
+    def call_printed(self, tenant: str, call: str) -> str:
+        """Where the node sends what one call of the tenant prints while it runs."""
+        return f"{self.prefix}.printed.{token(tenant, 'tenant')}.{token(call, 'call')}"
+
+    def call_printed_filter(self, tenant: str) -> str:
+        """Wildcard over what every call of one tenant prints (its account's stream import)."""
+        return f"{self.prefix}.printed.{token(tenant, 'tenant')}.>"
+
     @staticmethod
     def interactive_job(name: str) -> str:
         """The job name the leases of one `fabric.gpu()` block are labelled with."""

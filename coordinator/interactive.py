@@ -19,10 +19,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import nats.errors
 
 from vramfabric.broker.calls import MAX_CALL_BYTES, CallReply, CallRequest
-from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.errors import (
     CapacityExceeded,
     ChunkFailed,
@@ -30,12 +28,12 @@ from vramfabric.broker.errors import (
     CodeRefused,
     ErrorKind,
     LeaseExpired,
-    from_nats,
 )
 from vramfabric.broker.messages import Lease
 from vramfabric.broker.settings import parse_size
-from vramfabric.kernels.code import encode_input
+from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES, encode_input
 
+from .calling import OnOutput, Printer, send_call, to_own_streams
 from .leasing import LeasePool
 from .remote import apply, call_input, outcome
 from .work import JobWork, job_work
@@ -60,6 +58,8 @@ class GpuSession:
     work: JobWork
     lease: Lease | None = attrs.field(default=None, init=False)
     calls: int = attrs.field(default=0, init=False)
+    # Where this block's calls print (calling.py).
+    printer: Printer = attrs.field(factory=Printer, init=False)
 
     @property
     def node(self) -> str:
@@ -73,6 +73,8 @@ class GpuSession:
     ) -> Any:
         """Run `fn(*args, **kwargs)` on the slice and return its value.
 
+        What `fn` prints is written to this process's stdout and stderr as it prints it.
+
         Raises:
             Exception: what `fn` raised on the node, from a RemoteTraceback of its frames.
             TypeError: `fn` or an argument cannot be pickled, or they are too large for a call.
@@ -80,6 +82,18 @@ class GpuSession:
             ChunkTimeout: the call ran past `timeout_s` (it was stopped on the node).
             CodeRefused, ChunkFailed: the node refused the call, or it failed there.
         """
+        return await self.call(fn, args, kwargs, timeout_s=timeout_s)
+
+    async def call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        on_output: OnOutput = to_own_streams,
+    ) -> Any:
+        """`run`, with what `fn` prints handed to `on_output(stream, text)` as it prints it."""
         lease = self._held()
         data = encode_input(call_input(fn, args, kwargs))
         if len(data) > MAX_CALL_BYTES:
@@ -95,18 +109,11 @@ class GpuSession:
             python=self.work.python,
             input=data,
             timeout_s=deadline_s,
+            printed_to=self.printer.token,
         )
-        subject = self.fabric.broker.subjects.call(self.fabric.settings.tenant, lease.node)
-        try:
-            msg = await self.fabric.conn.nc.request(
-                subject, encode(req), timeout=deadline_s + _REPLY_MARGIN_S
-            )
-        except nats.errors.NoRespondersError:
-            raise LeaseExpired(lease.lease_id) from None
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise from_nats(exc) from None
+        wait_s = deadline_s + _REPLY_MARGIN_S
+        reply = await send_call(self.fabric, lease.node, req, wait_s, self.printer, on_output)
         self.calls += 1
-        reply = decode(CallReply, msg.data)
         if not reply.ok:
             raise _error_of(reply, lease, deadline_s)
         return outcome(reply.output or b"")
@@ -141,6 +148,7 @@ class GpuSession:
     async def release(self) -> None:
         """Give the slice back (shielded: an interrupted block still releases it)."""
         await asyncio.shield(self.pool.release())
+        await self.printer.close()
 
 
 def _error_of(reply: CallReply, lease: Lease, timeout_s: float) -> Exception:
@@ -180,5 +188,9 @@ def _size(vram: int | str) -> int:
 
 
 def call_work() -> JobWork:
-    """The work every interactive call runs (`remote.apply`), described for shipping."""
-    return job_work(apply, MAX_CALL_BYTES)
+    """The work every interactive call runs (`remote.apply`), described for shipping.
+
+    Its outcome may be as large as a job's output: past a message's size it comes back
+    through the tenant's outputs store.
+    """
+    return job_work(apply, DEFAULT_MAX_OUTPUT_BYTES)

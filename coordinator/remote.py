@@ -2,21 +2,26 @@
 
 `apply` is the work every interactive call runs (uploaded once per tenant, like any
 function): it runs in an executor process, never in a node agent, unpickles the call's
-function and arguments, calls it, and pickles what came of it: the value, or the exception
-with its traceback formatted where it was raised. `outcome` turns that back into the value,
-or raises the exception from a `RemoteTraceback` carrying the remote frames.
+function and arguments, calls it (what it prints sent to the caller as it prints it), and
+pickles what came of it: the value, or the exception with its traceback formatted where it
+was raised. `outcome` turns that back into the value, or raises the exception from a
+`RemoteTraceback` carrying the remote frames.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import traceback
 from typing import Any
 
+import attrs
 import cloudpickle
 
 from vramfabric.kernels.by_value import dumps_by_value
-from vramfabric.kernels.code import wants_context
+from vramfabric.kernels.code import Context, wants_context
+
+from .printed import sent_while_running
 
 
 class RemoteTraceback(Exception):
@@ -43,16 +48,23 @@ def call_input(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return (dumps_by_value(fn), args, kwargs)
 
 
-def apply(payload: Any, ctx: Any) -> bytes:
-    """Call the payload's function on its arguments; the pickled outcome (never raises)."""
+def apply(payload: Any, ctx: Context) -> bytes:
+    """Call the payload's function on its arguments; the pickled outcome (never raises).
+
+    What the function prints goes to the caller while it runs, through the call's checkpoint
+    channel (printed.py; a call is never delivered again, so it has no checkpoints of its
+    own: the function's `ctx.checkpoint` says they are not available).
+    """
     fn_bytes, args, kwargs = payload
     fn = cloudpickle.loads(fn_bytes)
+    channel = ctx._save
     if wants_context(fn):
-        kwargs = {**kwargs, "ctx": ctx}
-    try:
-        value = fn(*args, **kwargs)
-    except Exception as exc:  # recorded: it travels back and is raised to the caller
-        return _raised(exc)
+        kwargs = {**kwargs, "ctx": attrs.evolve(ctx, save=None)}
+    with sent_while_running(channel) if channel else contextlib.nullcontext():
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:  # recorded: it travels back and is raised to the caller
+            return _raised(exc)
     try:
         return cloudpickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
     except Exception as exc:  # recorded: the caller learns the value could not travel

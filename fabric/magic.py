@@ -5,8 +5,10 @@
     y = model(x)          # runs on the slice; `x` went there, `y` comes back
 
 The cell's source and the notebook variables it reads go to the slice (cloudpickle); it runs
-there in an executor process; the variables it assigns, and its stdout and stderr, come
-back. A variable that cannot be sent is named in a clear error before anything is leased.
+there in an executor process; what it prints comes back as it prints it; the variables it
+assigns (up to a job's output limit in all, through the object store past a message's size)
+come back when it ends, and the value of its last expression is displayed, as in any cell.
+A variable that cannot be sent is named in a clear error before anything is leased.
 The slice is held only while the cell runs (released on an exception and on Ctrl-C too).
 The fabric is reached with `vramfabric.connect()` (settings from the environment) at the
 first `%%gpu` cell. IPython is imported only by IPython itself, never by the slice.
@@ -15,8 +17,6 @@ first `%%gpu` cell. IPython is imported only by IPython itself, never by the sli
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import pickle
 import sys
 import traceback
@@ -24,34 +24,83 @@ from typing import Any
 
 import cloudpickle
 
+from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
+
 from .sync import SyncFabric, connect
+
+CELL_NAME = "<%%gpu cell>"
+# What a cell's assigned values and shown value may add up to, pickled: a call's outcome
+# may be as large as a job's output, less room for the rest of it.
+MAX_BROUGHT_BACK_BYTES = DEFAULT_MAX_OUTPUT_BYTES - 2**20
 
 
 def run_cell(source: str, variables: dict[str, Any], assigns: list[str]) -> dict[str, Any]:
-    """On the slice: exec the cell over `variables`; what it printed, assigned and raised."""
+    """On the slice: exec the cell over `variables`; what it assigned, showed and raised.
+
+    What it prints goes to the notebook as it prints it (the call's printed text). Assigned
+    values travel pickled, each on its own, so one that cannot come back is named, not fatal.
+    """
     namespace = {"__name__": "__main__", **variables}
-    out, err = io.StringIO(), io.StringIO()
     error: tuple[bytes, str] | None = None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            exec(compile(source, "<%%gpu cell>", "exec"), namespace)
-        except Exception as exc:  # recorded: it travels back and is raised in the notebook
-            error = (_pickled_or_empty(exc), "".join(traceback.format_exception(exc)))
-    assigned, unsent = {}, []
+    shown: Any = None
+    try:
+        shown = _exec(source, namespace)
+    except Exception as exc:  # recorded: it travels back and is raised in the notebook
+        error = (_pickled_or_empty(exc), "".join(traceback.format_exception(exc)))
+    budget = [MAX_BROUGHT_BACK_BYTES]
+    assigned: dict[str, bytes] = {}
+    unsent: list[tuple[str, str]] = []
     for name in assigns:
         if name in namespace:
-            try:
-                pickle.loads(cloudpickle.dumps(namespace[name]))
-                assigned[name] = namespace[name]
-            except Exception:  # recorded: named in `unsent`, the notebook says so
-                unsent.append(name)
+            data, why = _brought_back(namespace[name], budget)
+            if data is None:
+                unsent.append((name, why))
+            else:
+                assigned[name] = data
     return {
         "assigned": assigned,
         "unsent": unsent,
-        "stdout": out.getvalue(),
-        "stderr": err.getvalue(),
+        "shown": None if shown is None else _shown(shown, budget),
         "error": error,
     }
+
+
+def _exec(source: str, namespace: dict[str, Any]) -> Any:
+    """Run the cell as a module's top level; the value of its last expression, as a cell shows.
+
+    A last expression ending in `;` shows nothing, as in a notebook.
+    """
+    tree = ast.parse(source)
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr) or source.rstrip().endswith(";"):
+        exec(compile(tree, CELL_NAME, "exec"), namespace)
+        return None
+    exec(compile(ast.Module(body=tree.body[:-1], type_ignores=[]), CELL_NAME, "exec"), namespace)
+    return eval(compile(ast.Expression(last.value), CELL_NAME, "eval"), namespace)
+
+
+def _brought_back(value: Any, budget: list[int]) -> tuple[bytes | None, str]:
+    """`value` pickled if it can come back within what is left of `budget` (then spent)."""
+    try:
+        data = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)
+    except Exception as exc:  # recorded: the reason travels back, the notebook says it
+        return None, f"cannot be pickled: {type(exc).__name__}: {exc}"
+    if len(data) > budget[0]:
+        return None, (
+            f"too large: {len(data)} bytes pickled (a cell brings back at most "
+            f"{MAX_BROUGHT_BACK_BYTES} bytes in all)"
+        )
+    budget[0] -= len(data)
+    return data, ""
+
+
+def _shown(value: Any, budget: list[int]) -> tuple[str, Any]:
+    """The last expression's value to display: pickled, or its repr if it cannot travel."""
+    data, _why = _brought_back(value, budget)
+    if data is not None:
+        return ("value", data)
+    return ("repr", repr(value)[:100_000])
 
 
 def _pickled_or_empty(exc: BaseException) -> bytes:
@@ -106,8 +155,11 @@ class GpuMagic:
         self.shell = shell
         self.fabric: SyncFabric | None = None
 
-    def gpu(self, line: str, cell: str) -> None:
-        """`%%gpu [--vram SIZE] [--timeout-s S]`: run the cell on a leased slice."""
+    def gpu(self, line: str, cell: str) -> Any:
+        """`%%gpu [--vram SIZE] [--timeout-s S]`: run the cell on a leased slice.
+
+        Returns the value of the cell's last expression, which the notebook displays.
+        """
         from IPython.core.error import UsageError
 
         vram, timeout_s = _options(line, UsageError)
@@ -121,14 +173,36 @@ class GpuMagic:
             self.fabric = connect()
         with self.fabric.gpu(vram=vram) as gpu:
             out = gpu.run(run_cell, cell, sent, sorted(assigns), timeout_s=timeout_s)
-        sys.stdout.write(out["stdout"])
-        sys.stderr.write(out["stderr"])
-        self.shell.user_ns.update(out["assigned"])
-        if out["unsent"]:
-            names = ", ".join(out["unsent"])
-            sys.stderr.write(f"%%gpu: not brought back (cannot be pickled): {names}\n")
+        unsent = list(out["unsent"])
+        for name, data in out["assigned"].items():
+            try:
+                self.shell.user_ns[name] = pickle.loads(data)
+            except Exception as exc:  # recorded: named on stderr with the others
+                unsent.append((name, f"cannot be unpickled here: {type(exc).__name__}: {exc}"))
+        for name, why in unsent:
+            sys.stderr.write(f"%%gpu: {name!r} not brought back: {why}\n")
         if out["error"] is not None:
             _raise(*out["error"])
+        return _displayed(out["shown"])
+
+
+def _displayed(shown: tuple[str, Any] | None) -> Any:
+    """What the notebook displays for the cell's last expression (None: nothing)."""
+    if shown is None:
+        return None
+    kind, body = shown
+    return pickle.loads(body) if kind == "value" else Shown(body)
+
+
+class Shown:
+    """A last expression's value that could not come back, displayed by its remote repr."""
+
+    def __init__(self, text: str) -> None:
+        """Display `text`."""
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def _options(line: str, usage: type[Exception]) -> tuple[str | None, float | None]:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -26,84 +25,19 @@ import attrs
 
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator.aggregate import Aggregator
+from vramfabric.coordinator.calling import to_own_streams
 from vramfabric.coordinator.fabric import Fabric
 from vramfabric.coordinator.interactive import GpuSession
 from vramfabric.coordinator.jobresult import JobResult
 from vramfabric.coordinator.jobs import Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 
+from .loop_thread import LoopThread, Relay
 from .syncjob import SyncJob
 
 T = TypeVar("T")
 
-# After Ctrl-C, a sync call waits this long for its cancelled work to clean up.
-CANCEL_WAIT_S = 10.0
-
-
-class LoopThread:
-    """An event loop on a daemon thread; coroutines run there, awaited from other threads."""
-
-    def __init__(self) -> None:
-        """Start the loop and its thread."""
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="vramfabric", daemon=True
-        )
-        self._thread.start()
-        self._started: set[asyncio.Task[None]] = set()
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the loop and block until it ends; Ctrl-C cancels it, then re-raises."""
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("a sync vramfabric call from the fabric's own loop would deadlock")
-        if not self.loop.is_running():
-            coro.close()
-            raise RuntimeError("the fabric is closed")
-        ended = threading.Event()
-        task: asyncio.Task[T] | None = None
-
-        def start() -> None:
-            nonlocal task
-            task = self.loop.create_task(coro)
-            task.add_done_callback(lambda _t: ended.set())
-
-        self.loop.call_soon_threadsafe(start)
-        try:
-            ended.wait()
-        except KeyboardInterrupt:
-            # Runs after `start` (the loop takes callbacks in order), so `task` is set.
-            self.loop.call_soon_threadsafe(lambda: task.cancel() if task else None)
-            ended.wait(CANCEL_WAIT_S)
-            raise
-        assert task is not None
-        return task.result()
-
-    def call_or_start(self, coro: Coroutine[Any, Any, None]) -> None:
-        """`call`, or only start `coro` where a sync call cannot wait for it.
-
-        That is on the loop's own thread (a generator finalized there) and once the fabric
-        is closed (nothing left to run it: `coro` is dropped).
-        """
-        if threading.current_thread() is self._thread:
-            task = self.loop.create_task(coro)
-            self._started.add(task)  # held until done: the loop keeps only a weak reference
-            task.add_done_callback(self._started.discard)
-        elif not self.loop.is_running():
-            coro.close()
-        else:
-            self.call(coro)
-
-    async def call_async(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await `coro`, run on the loop, from another loop (cancelling this cancels it)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        """Stop the loop and its thread."""
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(CANCEL_WAIT_S)
-        if not self._thread.is_alive():
-            self.loop.close()
+__all__ = ["LoopThread", "SyncFabric", "connect"]
 
 
 @attrs.define
@@ -119,12 +53,26 @@ class SyncGpu:
         return self.session.node
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`fn(*args, **kwargs)` run on the slice; raises what it raised there (see GpuSession)."""
-        return self._loop.call(self.session.run(fn, *args, **kwargs))  # type: ignore[no-any-return]
+        """`fn(*args, **kwargs)` run on the slice; raises what it raised there (see GpuSession).
+
+        What `fn` prints there is printed here as it prints it, by this thread (in a notebook:
+        into the running cell).
+        """
+        timeout_s = kwargs.pop("timeout_s", None)
+        relay = Relay()
+        call = self.session.call(fn, args, kwargs, timeout_s=timeout_s, on_output=relay.post)
+        return self._loop.call(call, relay)  # type: ignore[no-any-return]
 
     async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """The async form of `run`."""
-        return await self._loop.call_async(self.session.run(fn, *args, **kwargs))
+        """The async form of `run` (what `fn` prints is printed on the caller's loop)."""
+        timeout_s = kwargs.pop("timeout_s", None)
+        caller = asyncio.get_running_loop()
+
+        def on_output(stream: str, text: str) -> None:
+            caller.call_soon_threadsafe(to_own_streams, stream, text)
+
+        call = self.session.call(fn, args, kwargs, timeout_s=timeout_s, on_output=on_output)
+        return await self._loop.call_async(call)
 
 
 @attrs.define

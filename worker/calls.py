@@ -4,22 +4,27 @@ A `fabric.gpu()` block sends each call straight here by request-reply. The tenan
 the subject (the server's permissions, and with accounts the tenant's one import, guard
 it), and a call runs only on a live lease of that same tenant: a lease id is not a secret.
 The call runs in the lease's executor like a chunk (the agent never runs users' code), its
-slot held while it runs; its answer is the reply, and nothing is stored. A call whose lease
-is released or expires while it runs is stopped (its executor killed), so the VRAM comes
-back at once, not when the function ends.
+slot held while it runs; its answer is the reply. What it prints comes in from the executor
+on the call's checkpoint channel (a call has no checkpoints of its own) and goes straight on
+to the caller's `printed_to` subject. An outcome too large for a reply goes to the tenant's
+outputs store, named in the reply; the caller reads and deletes it. A call whose lease is
+released or expires while it runs is stopped (its executor killed), so the VRAM comes back
+at once, not when the function ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 from nats.aio.msg import Msg
 
-from vramfabric.broker.calls import MAX_CALL_BYTES, CallReply, CallRequest
+from vramfabric.broker.calls import MAX_CALL_BYTES, CallOutput, CallReply, CallRequest
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.errors import (
     ChunkFailed,
@@ -27,15 +32,20 @@ from vramfabric.broker.errors import (
     InvalidMessage,
     LeaseExpired,
     VramfabricError,
+    nats_errors,
 )
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.subjects import Subjects
 
+from .executor_handle import SaveCheckpoint
 from .metrics import WorkerMetrics
 from .slot import ChunkRunner
 from .work import refusal
 
 log = logging.getLogger(__name__)
+
+# The stream a frame of printed text names in its first byte (coordinator/printed.py).
+_STREAMS = {b"o": "stdout", b"e": "stderr"}
 
 
 @attrs.define
@@ -51,6 +61,8 @@ class CallService:
     # Every call being served: each in a task of its own, so one long call on a node does
     # not hold back the calls on its other leases.
     _serving: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    # Numbers the outcomes stored in outputs stores (object `<lease job>.<n>`).
+    _stored: Iterator[int] = attrs.field(factory=itertools.count, init=False)
 
     async def dispatch(self, msg: Msg) -> None:
         """Serve one call in a task of its own (the subscription's callback)."""
@@ -77,8 +89,8 @@ class CallService:
             if node != self.runner.node:
                 raise InvalidMessage("call subject", f"addressed to node {node!r}")
             req = decode(CallRequest, msg.data)
-            output = await self._run(tenant, req)
-            reply = CallReply(ok=True, output=output, node=node, elapsed_s=time.time() - t0)
+            lease, output = await self._run(tenant, req)
+            reply = await self._replied(tenant, lease, output, t0)
         except (InvalidMessage, ValueError) as exc:
             self.metrics.invalid("call")
             reply = self._failed(ErrorKind.INVALID_MESSAGE, str(exc), t0)
@@ -108,8 +120,18 @@ class CallService:
             elapsed_s=time.time() - t0,
         )
 
-    async def _run(self, tenant: str, req: CallRequest) -> bytes:
-        """Run the call in its lease's slot; return the output.
+    async def _replied(self, tenant: str, lease: Lease, output: bytes, t0: float) -> CallReply:
+        """The reply carrying `output`, or naming its object in the tenant's outputs store."""
+        if len(output) <= MAX_CALL_BYTES:
+            return CallReply(
+                ok=True, output=output, node=self.runner.node, elapsed_s=time.time() - t0
+            )
+        # Bounded by the call work's max_output_bytes, which the executor enforces.
+        ref = await self.runner.store.put_output(tenant, lease.job, next(self._stored), output)
+        return CallReply(ok=True, output_ref=ref, node=self.runner.node, elapsed_s=time.time() - t0)
+
+    async def _run(self, tenant: str, req: CallRequest) -> tuple[Lease, bytes]:
+        """Run the call in its lease's slot; return the lease and the output.
 
         Raises:
             LeaseExpired: the lease is not a live lease of this tenant here.
@@ -133,21 +155,35 @@ class CallService:
         )
         if refused is not None:
             raise refused
-        task = asyncio.get_running_loop().create_task(self._execute(spec, lease, req))
+        printer = self._printer(tenant, req)
+        task = asyncio.get_running_loop().create_task(self._execute(spec, lease, req, printer))
         self._running[lease.lease_id] = task
         try:
             output = await task
         finally:
             self._running.pop(lease.lease_id, None)
-        if len(output) > MAX_CALL_BYTES:
-            raise ChunkFailed(
-                ErrorKind.ERROR,
-                f"the result is {len(output)} bytes; a call returns at most {MAX_CALL_BYTES} "
-                "(return less, or run a batch job)",
-            )
-        return output
+        return lease, output
 
-    async def _execute(self, spec: JobSpec, lease: Lease, req: CallRequest) -> bytes:
+    def _printer(self, tenant: str, req: CallRequest) -> SaveCheckpoint | None:
+        """What takes the call's printed frames: a publish to the caller's subject, if any."""
+        if not req.printed_to:
+            return None  # nobody listens: the executor keeps the text on its own stderr
+        subject = self.subjects.call_printed(tenant, req.printed_to)
+        nc = self.runner.store.conn.nc
+
+        async def forward(frame: bytes) -> None:
+            stream = _STREAMS.get(frame[:1])
+            if stream is None:
+                raise ValueError("not a frame of printed text")
+            text = frame[1:].decode("utf-8", "replace")
+            with nats_errors():
+                await nc.publish(subject, encode(CallOutput(stream=stream, text=text)))
+
+        return forward
+
+    async def _execute(
+        self, spec: JobSpec, lease: Lease, req: CallRequest, printer: SaveCheckpoint | None
+    ) -> bytes:
         runner = self.runner
         work = await runner.loader.work_of(spec)
         frame: dict[str, Any] = {
@@ -160,7 +196,7 @@ class CallService:
         }
         runner.ledger.occupy(lease.lease_id)
         try:
-            output, _cost_s = await runner.pool.run(lease, work, frame, req.timeout_s)
+            output, _cost_s = await runner.pool.run(lease, work, frame, req.timeout_s, printer)
             return output
         finally:
             runner.ledger.vacate(lease.lease_id)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +119,56 @@ async def test_no_worker_that_runs_code_is_refused_before_leasing(
         async with fabric.gpu():
             pass
     assert leased_bytes(agent) == 0
+
+
+def print_wait_print(go: str) -> str:
+    """Print, wait on the node until the file `go` exists, print again (and to stderr)."""
+    print("first", flush=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)  # waits for the test's go-ahead, which it gives once it saw "first"
+    print("second")
+    print("to stderr", file=sys.stderr)
+    return "done" if os.path.exists(go) else "not seen"
+
+
+async def test_what_a_call_prints_reaches_the_caller_while_the_call_runs(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory, tmp_path: Path
+) -> None:
+    # Given a block, and a call that prints, then waits until the caller has seen that
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory()
+    go = tmp_path / "go"
+    seen: list[tuple[str, str]] = []
+    async with fabric.gpu() as gpu:
+        call = asyncio.ensure_future(
+            gpu.call(print_wait_print, (str(go),), {}, on_output=lambda *o: seen.append(o))
+        )
+        # When the caller sees the first print (the call still running), and lets it go on
+        await eventually(lambda: ("stdout", "first\n") in seen)
+        assert not call.done()
+        go.touch()
+        # Then the call ends, and everything it printed came in order, on its own stream
+        assert await call == "done"
+    assert "".join(t for s, t in seen if s == "stdout") == "first\nsecond\n"
+    assert [t for s, t in seen if s == "stderr"] == ["to stderr\n"]
+
+
+def large(n_bytes: int) -> bytes:
+    return bytes(range(256)) * (n_bytes // 256)
+
+
+async def test_a_value_larger_than_a_message_comes_back_and_leaves_nothing_stored(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a block on a node
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory()
+    # When a call returns 5 MiB (five times what a message carries)
+    async with fabric.gpu() as gpu:
+        value = await gpu.run(large, 5 * 2**20)
+    # Then it came back whole, through the tenant's outputs store, which keeps none of it
+    assert value == large(5 * 2**20)
+    s = fabric.broker.subjects
+    info = await fabric.conn.js.stream_info(s.object_stream(s.outputs_store("default")))
+    assert info.state.messages <= 1  # at most the delete marker of the object's meta

@@ -144,3 +144,67 @@ async def test_notebook_run_marks_the_failing_cell_and_exits_1(
     cells = nbformat.read(out, as_version=4).cells
     assert cells[1].outputs[0].output_type == "error"
     assert cells[2].get("execution_count") is None
+
+
+WAIT_FOR_GO = """
+import os, time
+print("first", flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists(GO) and time.monotonic() < deadline:
+    time.sleep(0.01)  # waits for the kernel client to have seen "first"
+print("second", os.path.exists(GO))
+"""
+STREAMING = [
+    "import vramfabric\nfabric = vramfabric.connect()\n%load_ext vramfabric",
+    "%%gpu --vram 1GiB" + WAIT_FOR_GO,
+    "def waits(GO):" + WAIT_FOR_GO.replace("\n", "\n    ") + "return 'back'",
+    'with fabric.gpu(vram="1GiB") as gpu:\n    print(gpu.run(waits, GO2))',
+    "%%gpu\nblob = bytes(range(256)) * (5 * 2**20 // 256)\nz = 6\nz * 7",
+    "print(len(blob), blob[:3], z)",
+    "%%gpu\nz * 7;",
+]
+
+
+class GoOnSeeingFirst(NotebookClient):
+    """A client that lets a waiting cell go on once it has seen the cell's first print."""
+
+    def __init__(self, nb: Any, go: dict[int, Path], **kw: Any) -> None:
+        super().__init__(nb, **kw)
+        self.go = go
+
+    def output(
+        self, outs: list[Any], msg: dict[str, Any], display_id: str | None, cell_index: int
+    ) -> Any:
+        """Touch the cell's go-file on its first print, then handle the output as usual."""
+        text = msg["content"].get("text", "") if msg["msg_type"] == "stream" else ""
+        if "first" in text and cell_index in self.go:
+            self.go[cell_index].touch()  # seen while the cell still runs: it waits for this
+        return super().output(outs, msg, display_id, cell_index)
+
+
+async def test_gpu_cells_stream_prints_show_their_last_value_and_bring_back_5_mib(
+    agent_factory: AgentFactory,
+    broker: BrokerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # Given a node that runs code, and a notebook whose %%gpu cell and gpu.run function
+    # print, then wait until the kernel client has seen that print, then print again
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    go = {1: tmp_path / "go1", 3: tmp_path / "go3"}
+    cells = [f"GO, GO2 = {str(go[1])!r}, {str(go[3])!r}\n" + STREAMING[0], *STREAMING[1:]]
+    nb = notebook(cells, set())
+    # When a real Jupyter kernel executes it
+    await GoOnSeeingFirst(nb, go, timeout=60).async_execute()
+    # Then each waiting cell saw its first print reach the client before it ended
+    out = [text_of(c) for c in nb.cells]
+    assert out[1] == "first\nsecond True\n"
+    assert out[3] == "first\nsecond True\nback\n"
+    # And a %%gpu cell's last expression is displayed, unless it ends with `;`
+    results = [o for o in nb.cells[4].outputs if o.output_type == "execute_result"]
+    assert [r.data["text/plain"] for r in results] == ["42"]
+    assert not [o for o in nb.cells[6].outputs if o.output_type == "execute_result"]
+    # And a 5 MiB assignment came back (five times what a message carries)
+    assert out[5] == "5242880 b'\\x00\\x01\\x02' 6\n"
+    assert agent.ledger.leased_bytes == 0

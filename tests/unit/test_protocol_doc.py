@@ -25,6 +25,7 @@ PLACEHOLDERS = {
     "userid": "<user>",
     "nuidid": "<nuid>",
     "_gpu_name": "_gpu_<name>",
+    "callid": "<call>",
 }
 
 
@@ -87,6 +88,8 @@ def code_names() -> set[str]:
         s.call("tenantid", "nodeid"),
         s.call_filter("nodeid"),
         s.tenant_calls_filter("tenantid"),
+        s.call_printed("tenantid", "callid"),
+        s.call_printed_filter("tenantid"),
         s.interactive_job("name"),
     }
     out = set()
