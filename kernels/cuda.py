@@ -27,11 +27,13 @@ from .by_value import dumps_by_value
 from .code import python_version
 from .cuda_checks import IN_BYTES, SCALAR_TYPES, ArgSpec, arg_specs, dim3, validate
 from .cuda_compile import LAUNCH_REFUSED, KernelCompileError, ModuleCache
+from .cuda_precheck import precheck
 from .cuda_reference import PickledReference, Reference
-from .host import launcher, run_host
+from .host import HostLibrary, launcher, run_host
 from .host_build import HostUnsupported
+from .host_check import check_chunk
 from .kernel import KernelArgumentError
-from .nvrtc import CudaSourceError, check_source
+from .nvrtc import CudaSourceError
 from .settings import CudaSettings
 
 __all__ = [
@@ -89,11 +91,11 @@ class CudaKernel:
     def __attrs_post_init__(self) -> None:
         validate(self)
         if self.source:
-            # Here rather than at submission: whoever builds the kernel (a Job, a JOB.toml,
-            # a worker reading a blob) learns of a compile error before any chunk runs.
+            # Here rather than at submission: whoever builds the kernel (a Job, a JOB.toml)
+            # learns of a compile error before any lease or chunk (cuda_precheck.py).
             settings = CudaSettings.from_env()
             if settings.check:
-                check_source(self.name, self.source, self.entry, settings.archs, settings.cache())
+                precheck(self, settings)
 
     @property
     def digest(self) -> str:
@@ -177,11 +179,45 @@ class CudaKernel:
         if not self.source:
             return self.run_reference(np, data)
         if not self._host:
-            # Built once per kernel object: scanning and hashing the source per chunk is slow.
+            # Built once per kernel object: scanning and hashing the source per chunk is slow,
+            # and a build that failed fails every later chunk at once.
             with _host_lock:
                 if not self._host:
-                    self._host.append(launcher(self, builtin=builtin))
-        return run_host(self, data, self._host[0])
+                    settings = CudaSettings.from_env()
+                    try:
+                        self._host.append(launcher(self, settings, builtin=builtin))
+                    except KernelCompileError as exc:
+                        self._host.append(exc)
+                    # A user's kernel runs its first chunk (or all) in check mode; the node's
+                    # own kernels are checked by CI.
+                    self._host.append("off" if builtin else settings.host_check)
+        library: HostLibrary | KernelCompileError = self._host[0]
+        mode: str = self._host[1]
+        if isinstance(library, KernelCompileError):
+            raise type(library)(str(library), library.log)
+        if mode == "all" or (mode == "first" and self._claim_check()):
+            return check_chunk(self, data)
+        return run_host(self, data, library)
+
+    def check_host(self, data: bytes) -> bytes:
+        """Run one chunk in check mode (host_check.py): its output, if nothing is wrong.
+
+        Raises:
+            KernelFault: a race, an uninitialised read, a bad access, a barrier or warp rule
+                broken (KernelRace: the output depends on the order threads run in).
+            KernelCompileError: the check build failed, or this kernel is PTX.
+        """
+        if not self.source:
+            raise KernelCompileError(f"{self.name}: the host path checks CUDA source, not PTX")
+        self._check_input(data)
+        return check_chunk(self, data)
+
+    def _claim_check(self) -> bool:
+        with _host_lock:
+            if len(self._host) > 2:
+                return False
+            self._host.append("checked")
+            return True
 
     def launch(self, cupy: ModuleType, data: bytes, modules: ModuleCache) -> bytes:
         """Run on the current device and stream, then return the whole `out` buffer.

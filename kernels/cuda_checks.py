@@ -169,5 +169,26 @@ def _check_signature(kernel: CudaKernel) -> None:
     for i, (arg, param) in enumerate(zip(kernel.args, params, strict=True)):
         kind = arg if isinstance(arg, str) else arg[0]
         wrong_kind = param.pointer is not None and param.pointer != (kind in ("in", "out"))
-        if wrong_kind or (param.size is not None and param.size != _ARG_BYTES[kind]):
+        wrong_size = param.size is not None and param.size != _ARG_BYTES[kind]
+        if wrong_kind or wrong_size or _wrong_scalar(arg, param.kind):
             _fail(kernel, f"args[{i}]", f"{arg!r} does not fit `{param.text}` of {kernel.entry}")
+
+
+def _wrong_scalar(arg: ArgSpec, c_kind: str | None) -> bool:
+    """Whether a scalar cannot be the parameter's value.
+
+    A float for an integer or the reverse (its bits would be read as the other kind), or an
+    integer outside the parameter's range.
+    """
+    if c_kind is None:
+        return False
+    kind, value = ("u64", 0) if arg == IN_BYTES else arg if isinstance(arg, tuple) else ("", 0)
+    if not kind:
+        return False
+    if (kind[0] == "f") != (c_kind == "f"):
+        return True
+    if c_kind == "f" or kind[0] == c_kind:
+        return False
+    bits = _ARG_BYTES[kind] * 8
+    low, high = (0, 2**bits - 1) if c_kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return not low <= int(value) <= high

@@ -15,9 +15,14 @@ _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _PTX_TYPE = re.compile(r"\.[busf](8|16|32|64)\b")
 _PTX_ARRAY = re.compile(r"\[(\d+)\]")
 _C_QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__restrict|restrict)\b")
-_C_SIZES = {"float": 4, "double": 8, "int": 4, "unsigned": 4, "unsigned int": 4}
-_C_SIZES |= {"int32_t": 4, "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "size_t": 8}
-_C_SIZES |= {"long long": 8, "long long int": 8, "unsigned long long": 8}
+# A scalar C type's size and kind: "f" float, "i" signed, "u" unsigned integer (LP64).
+_C_TYPES = {"float": (4, "f"), "double": (8, "f"), "int": (4, "i"), "signed": (4, "i")}
+_C_TYPES |= {"signed int": (4, "i"), "unsigned": (4, "u"), "unsigned int": (4, "u")}
+_C_TYPES |= {"int32_t": (4, "i"), "uint32_t": (4, "u"), "int64_t": (8, "i"), "uint64_t": (8, "u")}
+_C_TYPES |= {"size_t": (8, "u"), "ptrdiff_t": (8, "i"), "long": (8, "i"), "long int": (8, "i")}
+_C_TYPES |= {"unsigned long": (8, "u"), "unsigned long int": (8, "u"), "long long": (8, "i")}
+_C_TYPES |= {"long long int": (8, "i"), "unsigned long long": (8, "u")}
+_C_TYPES |= {"unsigned long long int": (8, "u"), "uint": (4, "u"), "ulong": (8, "u")}
 
 
 @attrs.frozen
@@ -27,6 +32,7 @@ class Param:
     text: str
     pointer: bool | None
     size: int | None
+    kind: str | None = None  # "f", "i" or "u" for a scalar whose C type is known
 
 
 def ptx_params(ptx: str, entry: str) -> list[Param] | None:
@@ -66,6 +72,6 @@ def _c_param(text: str) -> Param:
     if "*" in text or "[" in text:
         return Param(text, True, 8)
     words = _C_QUALIFIERS.sub(" ", text).split()
-    size = _C_SIZES.get(" ".join(words[:-1]))
+    size, kind = _C_TYPES.get(" ".join(words[:-1]), (None, None))
     # An unknown type may be a typedef of a pointer: then nothing is checked.
-    return Param(text, False if size else None, size)
+    return Param(text, False if size else None, size, kind)

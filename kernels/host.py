@@ -1,9 +1,11 @@
 """Running a CudaKernel's CUDA source on the CPU (the host path of simulated GPUs).
 
 The source is built with g++ under cuda_host.h (host_build.py), loaded once per process
-with ctypes, and launched over the bytes and launch shape a GPU gets: a copy of the chunk
-as "in", a zeroed `max_output_bytes` "out", `in_bytes` and the scalars, each passed as a
-pointer to its bytes (cuLaunchKernel's kernelParams). One launch runs on the calling thread.
+with ctypes, and launched over the bytes and launch shape a GPU gets: the chunk copied into
+`in`, a zeroed `max_output_bytes` `out` (both ending at a guard page), `in_bytes` and the
+scalars, each passed as a pointer to its bytes (cuLaunchKernel's kernelParams). One launch
+runs on the calling thread. What the launch finds wrong (a fault, a divergent barrier, a
+warp intrinsic's mask, in the check build a race) raises KernelFault naming the line.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from .cuda_checks import IN_BYTES
 from .cuda_compile import KernelCompileError
 from .host_build import build
+from .host_faults import KernelFault, fault_message
 from .kernel import KernelArgumentError
 from .settings import CudaSettings
 
@@ -26,6 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Launch flags (cuda_host_run.h): blocks and threads in reverse order; the other poison
+# pattern; record accesses (the check build only); no printf (a check's second run).
+REVERSE, POISON_B, CHECK, QUIET = 1, 2, 4, 16
+_REPORT_BYTES = 2048
 _CTYPES: dict[str, type[ctypes._SimpleCData]] = {  # type: ignore[type-arg]
     "f32": ctypes.c_float,
     "f64": ctypes.c_double,
@@ -38,10 +46,24 @@ _lock = threading.Lock()
 _libraries: dict[Path, ctypes.CDLL] = {}
 
 
+@attrs.frozen
+class HostLibrary:
+    """A kernel's loaded host library: where it is, and its entry points."""
+
+    path: Path
+    buffers: Any
+    launch: Any
+    done: Any
+    check: bool
+
+
 def launcher(
-    kernel: CudaKernel, settings: CudaSettings | None = None, builtin: bool = False
-) -> Callable[..., int]:
-    """The kernel's `vf_launch`, built and loaded on first use in this process.
+    kernel: CudaKernel,
+    settings: CudaSettings | None = None,
+    builtin: bool = False,
+    check: bool = False,
+) -> HostLibrary:
+    """The kernel's host library (the check build if `check`), built and loaded on first use.
 
     A `builtin` (a registered kernel's CUDA version: the node's own code) is built in the
     node's built-ins folder where this uid may write it, beside the agent's prebuild.
@@ -56,25 +78,39 @@ def launcher(
     cache = settings.builtins_cache() if builtin else settings.cache()
     # One lock: threads starting the same new kernel wait for one g++, not one each.
     with _lock:
-        path = build(kernel.name, kernel.source, kernel.entry, cache)
+        path = build(kernel.name, kernel.source, kernel.entry, cache, check=check)
         if path not in _libraries:
-            _libraries[path] = ctypes.CDLL(str(path))
-        function: Any = _libraries[path].vf_launch
-    function.restype = ctypes.c_int
-    function.argtypes = [
+            try:
+                _libraries[path] = ctypes.CDLL(str(path))
+            except OSError as exc:
+                raise KernelCompileError(
+                    f"{kernel.name}: the host library did not load: {exc}"
+                ) from None
+        library = _libraries[path]
+    buffers, launch, done = library.vf_buffers, library.vf_run, library.vf_done
+    buffers.restype = launch.restype = ctypes.c_int
+    pointer = ctypes.POINTER(ctypes.c_void_p)
+    buffers.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, pointer, pointer]
+    launch.argtypes = [
         ctypes.POINTER(ctypes.c_uint),
         ctypes.POINTER(ctypes.c_uint),
         ctypes.c_ulonglong,
         ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_uint,
+        ctypes.c_char_p,
+        ctypes.c_uint,
     ]
-    return function  # type: ignore[no-any-return]
+    done.restype = None
+    done.argtypes = []
+    return HostLibrary(path, buffers, launch, done, check)
 
 
-def run_host(kernel: CudaKernel, data: bytes, function: Callable[..., int]) -> bytes:
-    """Launch the kernel's grid on the CPU over `data` with its `launcher`; return `out` whole.
+def run_host(kernel: CudaKernel, data: bytes, library: HostLibrary, flags: int = 0) -> bytes:
+    """Launch the kernel's grid on the CPU over `data` with its library; return `out` whole.
 
     Raises:
         KernelArgumentError: the input is too large, or the launch could not be set up.
+        KernelFault: the kernel faulted, or broke a rule of CUDA the host path checks.
     """
     if len(data) > kernel.max_input_bytes:
         raise KernelArgumentError(
@@ -82,19 +118,43 @@ def run_host(kernel: CudaKernel, data: bytes, function: Callable[..., int]) -> b
             f"max_input_bytes={kernel.max_input_bytes}"
         )
     # An empty chunk still gets a real (1-byte) buffer, as on a GPU: never a null pointer.
-    inp = ctypes.create_string_buffer(data or b"\0", max(len(data), 1))
-    out = ctypes.create_string_buffer(kernel.max_output_bytes)
-    named = {
-        "in": ctypes.c_void_p(ctypes.addressof(inp)),
-        "out": ctypes.c_void_p(ctypes.addressof(out)),
-        IN_BYTES: ctypes.c_uint64(len(data)),
-    }
+    in_bytes = max(len(data), 1)
+    inp, out = ctypes.c_void_p(), ctypes.c_void_p()
+    if library.buffers(in_bytes, kernel.max_output_bytes, ctypes.byref(inp), ctypes.byref(out)):
+        raise KernelArgumentError(f"{kernel.name}: no memory for `in` and `out` on the host path")
+    assert inp.value is not None and out.value is not None
+    ctypes.memmove(inp.value, data or b"\0", in_bytes)
+    named: dict[str, Any] = {"in": ctypes.c_void_p(inp.value), "out": ctypes.c_void_p(out.value)}
+    named[IN_BYTES] = ctypes.c_uint64(len(data))
     values = [named[a] if isinstance(a, str) else _CTYPES[a[0]](a[1]) for a in kernel.args]
     argv = (ctypes.c_void_p * max(len(values), 1))(*(ctypes.addressof(v) for v in values))
     grid = (ctypes.c_uint * 3)(*kernel.grid)
     block = (ctypes.c_uint * 3)(*kernel.block)
-    if function(grid, block, kernel.shared_mem_bytes, argv) != 0:
-        raise KernelArgumentError(
-            f"{kernel.name}: no memory for block={kernel.block} on the host path"
-        )
-    return out.raw
+    report = ctypes.create_string_buffer(_REPORT_BYTES)
+    status = library.launch(
+        grid, block, kernel.shared_mem_bytes, argv, flags, report, _REPORT_BYTES
+    )
+    if status == 1:
+        raise KernelArgumentError(f"{kernel.name}: {report.value.decode(errors='replace')}")
+    if status != 0:
+        text = report.value.decode(errors="replace")
+        fault = KernelFault(fault_message(kernel.name, text, library.path))
+        if "past the end" in text and not library.check:
+            # A guard page saw the first byte past the end: the check build sees the access
+            # whole, and names its size.
+            raise _measured(kernel, data) or fault
+        raise fault
+    result = ctypes.string_at(out.value, kernel.max_output_bytes)
+    library.done()
+    return result
+
+
+def _measured(kernel: CudaKernel, data: bytes) -> KernelFault | None:
+    """The check build's report of the chunk's fault, or None if it has none to give."""
+    try:
+        run_host(kernel, data, launcher(kernel, check=True), CHECK | QUIET)
+    except KernelFault as exc:
+        return exc
+    except KernelCompileError:  # no check build: the guard page's report stands
+        return None
+    return None

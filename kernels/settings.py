@@ -7,6 +7,10 @@ kernels' libraries (default: the host cache's name with `-builtins`), which the 
 fills and passes to its executors. `VRAMFABRIC_CUDA_CHECK=0` turns the compile check off:
 executors run with it off, since whoever built the kernel (the coordinator, the agent for
 registered ones) checked it, and importing NVRTC cost each executor process 0.2 s.
+`VRAMFABRIC_HOST_CHECK` (`first`, the default; `all`; `off`) says which chunks of a user's
+CUDA kernel the host path runs in check mode (host_check.py): the first a process runs of
+each kernel, every one, or none. `VRAMFABRIC_CUDA_INCLUDE` names the folder of CUDA's headers
+(cuda_fp16.h) for NVRTC, when cuda_headers.py does not find one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import attrs
 from .host_cache import BUILTINS_MODE, HostCache
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+HOST_CHECKS = ("first", "all", "off")
 _ARCH = re.compile(r"sm_\d{2,3}[a-z]?")
 
 
@@ -51,6 +56,8 @@ class CudaSettings:
     host_cache: Path = attrs.field(factory=_default_cache)
     host_builtins: Path | None = None
     check: bool = True
+    host_check: str = "first"
+    cuda_include: str = ""
 
     @property
     def builtins_dir(self) -> Path:
@@ -75,11 +82,16 @@ class CudaSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CudaSettings:
-        """Read `VRAMFABRIC_CUDA_ARCHS`, `_HOST_CACHE`, `_HOST_BUILTINS` and `_CUDA_CHECK`.
+        """Read the `VRAMFABRIC_` variables of the module's docstring.
 
         Raises:
-            ValueError: VRAMFABRIC_CUDA_ARCHS is malformed.
+            ValueError: VRAMFABRIC_CUDA_ARCHS or VRAMFABRIC_HOST_CHECK is malformed.
         """
+        host_check = environ.get("VRAMFABRIC_HOST_CHECK", "first")
+        if host_check not in HOST_CHECKS:
+            raise ValueError(
+                f"VRAMFABRIC_HOST_CHECK must be one of {HOST_CHECKS}, got {host_check!r}"
+            )
         archs = environ.get("VRAMFABRIC_CUDA_ARCHS")
         cache = environ.get("VRAMFABRIC_HOST_CACHE")
         builtins = environ.get("VRAMFABRIC_HOST_BUILTINS")
@@ -88,4 +100,6 @@ class CudaSettings:
             host_cache=Path(cache) if cache else _default_cache(),
             host_builtins=Path(builtins) if builtins else None,
             check=environ.get("VRAMFABRIC_CUDA_CHECK", "1") != "0",
+            host_check=host_check,
+            cuda_include=environ.get("VRAMFABRIC_CUDA_INCLUDE", ""),
         )

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.cuda_host_samples import SAMPLES
+from tests.cuda_hostile_samples import BAD, GOOD, PRINTF
 from tests.cuda_samples import SAXPY
 from vramfabric.kernels import CudaKernel, hyperparam, nvrtc
 from vramfabric.kernels.nvrtc import CudaSourceError, check_source
@@ -101,6 +102,54 @@ def test_without_nvrtc_the_check_is_skipped_with_one_warning(
         kernel(BROKEN)
         assert not check_source("k", BROKEN, "k", ["sm_90"])
     # Then nothing is refused, and one warning says why
-    assert [r.getMessage() for r in caplog.records] == [
+    nvrtc_records = [r for r in caplog.records if r.name == "vramfabric.kernels.nvrtc"]
+    assert [r.getMessage() for r in nvrtc_records] == [
         "nvrtc not installed: CUDA kernels are not compile-checked (pip install 'vramfabric[cuda]')"
     ]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", [*sorted(GOOD), *sorted(BAD), "printf"])
+def test_every_hostile_sample_compiles_for_sm_90_with_cudas_headers(name: str) -> None:
+    # Given a kernel of the hostile host path's tests (one includes <cuda_fp16.h>)
+    source, entry = (PRINTF, "hello") if name == "printf" else (SAMPLES_ALL[name].source, "")
+    entry = entry or SAMPLES_ALL[name].entry
+    # When NVRTC compiles it for sm_90, Then it is accepted
+    assert check_source(name, source, entry, ["sm_90"])
+
+
+SAMPLES_ALL = {**GOOD, **BAD}
+DYNAMIC = """extern "C" __global__ void k(float* x) {
+  extern __shared__ float s[];
+  s[threadIdx.x] = x[threadIdx.x];
+  __syncthreads();
+  x[threadIdx.x] = s[31 - threadIdx.x];
+}
+"""
+STATIC = DYNAMIC.replace("extern __shared__ float s[]", "__shared__ float s[20000]")
+
+
+@needs_nvrtc
+def test_more_dynamic_shared_memory_than_the_target_allows_is_refused() -> None:
+    # Given 300 KiB of dynamic shared memory, When the kernel is built for sm_90
+    with pytest.raises(CudaSourceError, match=r"more than sm_90 allows \(227 KiB\)") as refused:
+        check_source("k", DYNAMIC, "k", ["sm_90"], threads=32, shared_mem_bytes=300 * 1024)
+    # Then the message says what ptxas counted
+    assert "ptxas sm_90" in str(refused.value)
+    # And 200 KiB is allowed there, but not on sm_80 (163 KiB)
+    assert check_source("k", DYNAMIC, "k", ["sm_90"], threads=32, shared_mem_bytes=200 * 1024)
+    with pytest.raises(CudaSourceError, match=r"more than sm_80 allows \(163 KiB\)"):
+        check_source("k", DYNAMIC, "k", ["sm_80"], threads=32, shared_mem_bytes=200 * 1024)
+
+
+@needs_nvrtc
+def test_a_kernel_ptxas_refuses_shows_ptxas_own_message() -> None:
+    # 80,000 bytes of static shared memory: more than the 48 KiB a static array may have
+    with pytest.raises(CudaSourceError, match=r"ptxas error: Entry function 'k' uses too much"):
+        kernel(STATIC)
+
+
+@needs_nvrtc
+def test_a_kernel_including_cuda_fp16_is_accepted_at_submission() -> None:
+    sample = GOOD["half"]
+    assert sample.kernel().entry == sample.entry
