@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from vramfabric.broker.errors import (
     Disconnected,
@@ -89,27 +88,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return (RET_OK if plotted else RET_FAILED) if ok else RET_JOB_FAILED
 
 
-def cmd_kernel_check(args: argparse.Namespace) -> int:
-    """Compile a CUDA source with NVRTC for the target architectures; errors name the line."""
-    from vramfabric.kernels.nvrtc import check_source
-    from vramfabric.kernels.settings import CudaSettings, parse_archs
-
-    from .report import err
-
-    path = Path(args.file)
-    archs = parse_archs(args.arch) if args.arch else CudaSettings.from_env().archs
-    try:
-        source = path.read_text()
-    except OSError as exc:
-        err.print(f"vramfabric: cannot read {path}: {exc}")
-        return RET_USAGE
-    if not check_source(path.stem, source, args.entry, archs):
-        err.print("vramfabric: nvrtc not installed (pip install 'vramfabric[cuda]'): not checked")
-        return RET_FAILED
-    print(f"{path}: {args.entry} compiles for {','.join(archs)}")
-    return RET_OK
-
-
 def build_parser(serving_only: bool = False) -> argparse.ArgumentParser:
     """The argument parser with every subcommand (or only the SERVING ones)."""
     parser = argparse.ArgumentParser(
@@ -155,7 +133,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`run`, `status`, the job commands, `notebook` and `kernel`."""
-    from . import notebook
+    from . import kernel_check, notebook
     from .fleet_commands import add_job_commands, cmd_status
     from .run_command import NO_NODES_HINT_S, cmd_run
 
@@ -199,11 +177,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add_job_commands(sub)
     notebook.add_parser(sub)
     kernel = sub.add_parser("kernel", help="CUDA kernel tools").add_subparsers(required=True)
-    p = kernel.add_parser("check", help="compile FILE.cu with NVRTC; errors name the line")
-    p.add_argument("file")
-    p.add_argument("--entry", required=True, help='the extern "C" __global__ function')
-    p.add_argument("--arch", help="e.g. sm_90 or sm_80,sm_90 (default VRAMFABRIC_CUDA_ARCHS)")
-    p.set_defaults(handler=cmd_kernel_check)
+    kernel_check.add_parser(kernel)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
