@@ -1,7 +1,9 @@
 """CUDA-kernel jobs on simulated workers.
 
 The NumPy reference runs in place of the GPU, only where code is allowed, and
-`vramfabric run` takes the kernel from a JOB.toml's [cuda] table.
+`vramfabric run` takes the kernel from a JOB.toml's [cuda] table. Kernels without a
+reference run on the host path, hostile: correct ones give their reference's answer, wrong
+ones fail for good naming what is wrong and where.
 """
 
 from __future__ import annotations
@@ -9,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from tests.cuda_hostile_samples import BAD, GOOD
 from tests.cuda_samples import SAXPY
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings, ErrorKind
@@ -223,3 +228,65 @@ async def test_cli_runs_a_cuda_job_file_and_prints_the_gathered_outputs(
     assert len(report["value"]) == len(xs)
     for got, x in zip(report["value"], xs, strict=True):
         np.testing.assert_allclose(np.array(got, dtype=np.float32), expected_output(x), rtol=1e-6)
+
+
+async def test_cuda_that_the_host_path_refused_runs_right_through_a_job(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a simulated worker that runs code, and kernels of the styles that used to fail
+    # there: file-scope extern __shared__, a template by its mangled name, warp intrinsics
+    await agent_factory("cuda-hostile-good", allow_code=True)
+    fabric = await fabric_factory()
+    rng = np.random.default_rng(29)
+    for name in ("file_scope_extern_shared", "template_by_mangled_name", "warp_intrinsics"):
+        sample = GOOD[name]
+        inputs = [sample.make_input(rng) for _ in range(3)]
+        # When each runs as a job of three chunks (the first checked, the others plain)
+        result = await fabric.run(Job(sample.kernel(), inputs), Gather(), timeout_s=120)
+        # Then every chunk equals the kernel's NumPy reference
+        assert result.ok, (name, result.failures)
+        assert sample.reference is not None
+        for data, got in zip(inputs, result.value, strict=True):
+            np.testing.assert_array_equal(got, sample.reference(data), err_msg=name)
+
+
+async def test_a_racy_kernel_fails_its_job_naming_the_race_and_its_line(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a kernel in which every thread adds to out[0] without an atomic
+    await agent_factory("cuda-hostile-race", allow_code=True)
+    fabric = await fabric_factory()
+    sample = BAD["lost_updates"]
+    data = sample.make_input(np.random.default_rng(29))
+    # When it runs as a job of one chunk
+    result = await fabric.run(Job(sample.kernel(), [data]), Gather(), timeout_s=120)
+    # Then the chunk fails for good (a launch failure, not retried), naming kernel and line
+    assert result.n_failed == 1
+    failure = result.failures[0]
+    assert failure.error_kind is ErrorKind.LAUNCH_FAILED and failure.attempt == 1
+    assert re.search(sample.fault, failure.error or ""), failure.error
+
+
+async def test_a_kernel_gpp_refuses_fails_each_chunk_at_once_without_rebuilding(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a kernel NVRTC takes but the host path cannot build (no __fmul_rz there)
+    await agent_factory("cuda-hostile-nobuild", allow_code=True)
+    fabric = await fabric_factory()
+    source = 'extern "C" __global__ void k(float* out) {\n  out[0] = __fmul_rz(2.0f, 3.0f);\n}\n'
+    kernel = CudaKernel(
+        name="nobuild", entry="k", source=source, args=("out",), grid=(1,), block=(1,),
+        max_output_bytes=4,
+    )  # fmt: skip
+    # When a job of 40 chunks runs
+    started = time.monotonic()
+    result = await fabric.run(Job(kernel, [bytes([i]) for i in range(40)]), Gather(), timeout_s=120)
+    elapsed_s = time.monotonic() - started
+    # Then every chunk fails as load_failed with g++'s line, once each, and the build
+    # failure is not compiled again per chunk (the kernel's build happened once, at
+    # construction here, so the job takes a fraction of 40 compiles)
+    assert result.n_failed == 40
+    assert {f.error_kind for f in result.failures} == {ErrorKind.LOAD_FAILED}
+    assert all("line 2" in (f.error or "") and f.attempt == 1 for f in result.failures)
+    # (0.36 s here; 17 s when each chunk compiled again)
+    assert elapsed_s < 10.0, elapsed_s
