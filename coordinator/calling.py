@@ -36,6 +36,8 @@ from vramfabric.broker.errors import (
 )
 from vramfabric.broker.objects import read_object
 
+from .work import JobWork, upload
+
 if TYPE_CHECKING:
     from .fabric import Fabric
 
@@ -175,3 +177,19 @@ async def _take_stored(fabric: Fabric, name: str) -> bytes:
     except VramfabricError as exc:  # recorded: logged (the object stays in the store)
         log.warning("call outcome not deleted object=%s error=%s", name, exc)
     return data
+
+
+async def upload_work(fabric: Fabric, work: JobWork) -> bool:
+    """Put `work` in the tenant's kernels store unless it is there; True if it was put."""
+    store = await buckets.kernels_store(fabric.conn.js, fabric.broker, fabric.settings.tenant)
+    return await upload(store, work)
+
+
+async def forget_work(fabric: Fabric, work: JobWork) -> None:
+    """Delete `work` from the tenant's kernels store (best effort: `vramfabric gc` would)."""
+    try:
+        store = await buckets.kernels_store(fabric.conn.js, fabric.broker, fabric.settings.tenant)
+        with nats_errors():
+            await store.delete(work.digest)
+    except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs
+        log.warning("work not deleted digest=%s error=%s", work.digest[:12], exc)

@@ -33,7 +33,14 @@ from vramfabric.broker.messages import Lease
 from vramfabric.broker.settings import parse_size
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES, encode_input
 
-from .calling import OnOutput, Printer, send_call, to_own_streams
+from .calling import (
+    OnOutput,
+    Printer,
+    forget_work,
+    send_call,
+    to_own_streams,
+    upload_work,
+)
 from .leasing import LeasePool
 from .remote import apply, call_input, outcome
 from .work import JobWork, job_work
@@ -94,8 +101,40 @@ class GpuSession:
         on_output: OnOutput = to_own_streams,
     ) -> Any:
         """`run`, with what `fn` prints handed to `on_output(stream, text)` as it prints it."""
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        return await self._send(self.work, call_input(fn, args, kwargs), name, timeout_s, on_output)
+
+    async def run_work(
+        self,
+        work: JobWork,
+        payload: Any,
+        *,
+        timeout_s: float | None = None,
+        on_output: OnOutput = to_own_streams,
+    ) -> Any:
+        """Run uploaded Python work of its own (not `remote.apply`) on `payload`; its value.
+
+        `work` is a function of (payload, ctx) returning what `remote.apply` returns, uploaded
+        here (and deleted after, if this call put it there): work that carries large data
+        of its own, such as a notebook run's folder.
+        """
+        uploaded = await upload_work(self.fabric, work)
+        try:
+            return await self._send(work, payload, work.name, timeout_s, on_output)
+        finally:
+            if uploaded:
+                await asyncio.shield(forget_work(self.fabric, work))
+
+    async def _send(
+        self,
+        work: JobWork,
+        payload: Any,
+        name: str,
+        timeout_s: float | None,
+        on_output: OnOutput,
+    ) -> Any:
         lease = self._held()
-        data = encode_input(call_input(fn, args, kwargs))
+        data = encode_input(payload)
         if len(data) > MAX_CALL_BYTES:
             raise TypeError(
                 f"the call's function and arguments are {len(data)} bytes; a call carries at "
@@ -104,9 +143,9 @@ class GpuSession:
         deadline_s = timeout_s or DEFAULT_CALL_TIMEOUT_S
         req = CallRequest(
             lease_id=lease.lease_id,
-            name=getattr(fn, "__qualname__", type(fn).__name__)[:200],
-            digest=self.work.digest,
-            python=self.work.python,
+            name=name[:200],
+            digest=work.digest,
+            python=work.python,
             input=data,
             timeout_s=deadline_s,
             printed_to=self.printer.token,

@@ -56,7 +56,11 @@ def apply(payload: Any, ctx: Context) -> bytes:
     own: the function's `ctx.checkpoint` says they are not available).
     """
     fn_bytes, args, kwargs = payload
-    fn = cloudpickle.loads(fn_bytes)
+    return apply_fn(cloudpickle.loads(fn_bytes), args, kwargs, ctx)
+
+
+def apply_fn(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Context) -> bytes:
+    """`apply` of a function already at hand (work that brings its own, such as a notebook run)."""
     channel = ctx._save
     if wants_context(fn):
         kwargs = {**kwargs, "ctx": attrs.evolve(ctx, save=None)}

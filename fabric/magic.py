@@ -26,6 +26,7 @@ import cloudpickle
 
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
 
+from .in_place import InPlaceFabric, InPlaceSettings
 from .sync import SyncFabric, connect
 
 CELL_NAME = "<%%gpu cell>"
@@ -153,7 +154,7 @@ class GpuMagic:
     def __init__(self, shell: Any) -> None:
         """Serve `shell`; nothing is connected until the first `%%gpu` cell."""
         self.shell = shell
-        self.fabric: SyncFabric | None = None
+        self.fabric: SyncFabric | InPlaceFabric | None = None
 
     def gpu(self, line: str, cell: str) -> Any:
         """`%%gpu [--vram SIZE] [--timeout-s S]`: run the cell on a leased slice.
@@ -163,6 +164,10 @@ class GpuMagic:
         from IPython.core.error import UsageError
 
         vram, timeout_s = _options(line, UsageError)
+        if InPlaceSettings.from_env().active:
+            # This kernel runs on a slice already (`vramfabric notebook run`): the cell runs
+            # here, as an ordinary cell; its exceptions are the cell's own.
+            return _exec(cell, self.shell.user_ns)
         hidden = set(getattr(self.shell, "user_ns_hidden", {}))
         try:
             sent = variables_to_send(cell, self.shell.user_ns, hidden)

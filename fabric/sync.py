@@ -31,13 +31,15 @@ from vramfabric.coordinator.interactive import GpuSession
 from vramfabric.coordinator.jobresult import JobResult
 from vramfabric.coordinator.jobs import Job
 from vramfabric.coordinator.settings import CoordinatorSettings
+from vramfabric.coordinator.work import JobWork
 
+from .in_place import InPlaceFabric, InPlaceSettings
 from .loop_thread import LoopThread, Relay
 from .syncjob import SyncJob
 
 T = TypeVar("T")
 
-__all__ = ["LoopThread", "SyncFabric", "connect"]
+__all__ = ["LoopThread", "SyncFabric", "connect", "connect_fabric"]
 
 
 @attrs.define
@@ -62,6 +64,12 @@ class SyncGpu:
         relay = Relay()
         call = self.session.call(fn, args, kwargs, timeout_s=timeout_s, on_output=relay.post)
         return self._loop.call(call, relay)  # type: ignore[no-any-return]
+
+    def run_work(self, work: JobWork, payload: Any, timeout_s: float | None = None) -> Any:
+        """Uploaded work of its own run on `payload` on the slice (see GpuSession.run_work)."""
+        relay = Relay()
+        call = self.session.run_work(work, payload, timeout_s=timeout_s, on_output=relay.post)
+        return self._loop.call(call, relay)
 
     async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """The async form of `run` (what `fn` prints is printed on the caller's loop)."""
@@ -229,13 +237,26 @@ def connect(
     broker: BrokerSettings | None = None,
     settings: CoordinatorSettings | None = None,
     **overrides: Any,
-) -> SyncFabric:
+) -> SyncFabric | InPlaceFabric:
     """Connect to the fabric, for sync and async callers alike.
 
     Settings come from the environment unless given (`VRAMFABRIC_NATS_URL`, or what
     `vramfabric up` printed to export); `overrides` are CoordinatorSettings fields, e.g.
-    `tenant="alice"`.
+    `tenant="alice"`. In a notebook run by `vramfabric notebook run`, which already runs on
+    a slice, an InPlaceFabric: its blocks and maps run on that slice (fabric/in_place.py).
     """
+    in_place = InPlaceSettings.from_env()
+    if in_place.active:
+        return InPlaceFabric(in_place)
+    return connect_fabric(broker, settings, **overrides)
+
+
+def connect_fabric(
+    broker: BrokerSettings | None = None,
+    settings: CoordinatorSettings | None = None,
+    **overrides: Any,
+) -> SyncFabric:
+    """`connect` to the fabric itself, wherever this runs."""
     settings = attrs.evolve(settings or CoordinatorSettings.from_env(), **overrides)
     loop = LoopThread()
     try:

@@ -13,7 +13,9 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.integration.conftest import AgentFactory
+from vramfabric.broker import buckets
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.coordinator.interactive import call_work
 
 pytestmark = [
     pytest.mark.slow,
@@ -140,7 +142,8 @@ async def test_notebook_run_marks_the_failing_cell_and_exits_1(
     cmd = [sys.executable, "-m", "vramfabric", "notebook", "run", str(source)]
     proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
-    assert "ZeroDivisionError" in proc.stderr
+    assert "cell 2 of 3 ('1 / 0') failed" in proc.stderr
+    assert "ZeroDivisionError" in proc.stderr and "\x1b[" not in proc.stderr
     cells = nbformat.read(out, as_version=4).cells
     assert cells[1].outputs[0].output_type == "error"
     assert cells[2].get("execution_count") is None
@@ -208,3 +211,79 @@ async def test_gpu_cells_stream_prints_show_their_last_value_and_bring_back_5_mi
     # And a 5 MiB assignment came back (five times what a message carries)
     assert out[5] == "5242880 b'\\x00\\x01\\x02' 6\n"
     assert agent.ledger.leased_bytes == 0
+
+
+IN_PLACE = [
+    "import csv\nrows = list(csv.reader(open('data.csv')))\nprint(len(rows))",
+    "%load_ext vramfabric",
+    "%%gpu --vram 1GiB\ntotal = sum(int(r[0]) for r in rows)\nprint('total', total)\ntotal * 2",
+    "import vramfabric\nfabric = vramfabric.connect()\n"
+    "def size(ctx):\n    return ctx.slice_bytes\n"
+    "with fabric.gpu() as gpu:\n    print(gpu.run(size), gpu.node)",
+    "print(sorted(fabric.map(lambda x: x * x, range(4))))",
+    "print(open('notes/readme.txt').read())",
+]
+
+
+async def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "vramfabric", "notebook", "run", *args]
+    return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=150)
+
+
+async def test_notebook_run_ships_its_folder_and_runs_gpu_cells_and_connect_in_place(
+    agent_factory: AgentFactory,
+    broker: BrokerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # Given a notebook that reads data.csv and notes/ beside it, and uses %%gpu, connect(),
+    # a block and a map (as it would at home), in a folder with a data file
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    folder = tmp_path / "project"
+    (folder / "notes").mkdir(parents=True)
+    (folder / "data.csv").write_text("1,a\n2,b\n3,c\n")
+    (folder / "notes" / "readme.txt").write_text("shipped too")
+    source = folder / "analysis.ipynb"
+    nbformat.write(notebook(IN_PLACE, set()), source)
+    # When `vramfabric notebook run` runs it on a slice
+    proc = await run_cli(str(source), "--vram", "1GiB")
+    # Then it ran there, every cell on the slice it holds: the data file was found, the
+    # %%gpu cell ran in place and showed its last value, the block and map ran there too
+    assert proc.returncode == 0, proc.stderr
+    cells = nbformat.read(folder / "analysis.out.ipynb", as_version=4).cells
+    out = [text_of(c) for c in cells]
+    assert out[0] == "3\n"
+    assert out[2] == "total 6\n"
+    assert [o.data["text/plain"] for o in cells[2].outputs if "data" in o] == ["12"]
+    assert out[3] == f"{2**30} n1\n"
+    assert out[4] == "[0, 1, 4, 9]\n"
+    assert out[5] == "shipped too\n"
+    # And the slice is back, and the shipped folder is not kept in the kernels store
+    assert agent.ledger.leased_bytes == 0
+    store = await buckets.kernels_store(agent.conn.js, broker, "default")
+    kept = {info.name for info in await store.list(ignore_deletes=True)}
+    assert kept == {call_work().digest}  # the interactive calls' own work only
+
+
+async def test_a_cell_past_its_deadline_still_gives_the_copy_and_names_the_cell(
+    agent_factory: AgentFactory,
+    broker: BrokerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # Given a notebook whose second cell sleeps past its deadline
+    await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric_env(monkeypatch, broker)
+    source, out = tmp_path / "slow.ipynb", tmp_path / "slow.out.ipynb"
+    cells = ["print('one')", "import time\ntime.sleep(120)", "print('never')"]
+    nbformat.write(notebook(cells, set()), source)
+    # When it runs with a 3 s cell deadline
+    proc = await run_cli(str(source), "--cell-timeout-s", "3")
+    # Then the command fails naming the cell, and the copy holds every cell run until then
+    assert proc.returncode == 1
+    assert "cell 2 of 3 ('import time')" in proc.stderr
+    assert "did not finish within --cell-timeout-s 3 s" in proc.stderr
+    copy = nbformat.read(out, as_version=4).cells
+    assert text_of(copy[0]) == "one\n"
+    assert copy[2].get("execution_count") is None
