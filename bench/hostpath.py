@@ -1,14 +1,17 @@
 """Host-path benchmark: each built-in CUDA kernel's source run on the CPU, against its reference.
 
 For each of the five built-in kernels, in one process with empty caches (a temporary
-`VRAMFABRIC_HOST_CACHE`): the NVRTC compile check when the kernel is built (`check_s`), the
-first chunk on the host path, which builds its library with g++ (`first_build_s`), then
-per-chunk wall time over the demo's inputs on one thread, on the host path and for the
-NumPy reference run directly (`host_us`, `reference_us`: medians of `--runs` passes). One
-JSON line.
+`VRAMFABRIC_HOST_CACHE`): the checks when the kernel is built (`check_s`: NVRTC with
+ptxas's resource report, and the plain host build with g++), the first chunk on the host
+path (`first_build_s`: the library is loaded), then per-chunk wall time over the demo's
+inputs on one thread, on the host path and for the NumPy reference run directly
+(`host_us`, `reference_us`: medians of `--runs` passes). Check mode (kernels/host_check.py):
+the check build's g++ (`check_build_s`) and the per-chunk cost of a chunk run in check mode
+(`check_us`: two runs of the instrumented build, two schedules compared) over the first
+`--check-chunks` inputs, with `check_over_host`. One JSON line.
 
     python bench/hostpath.py              # 3 passes
-    python bench/hostpath.py --runs 5
+    python bench/hostpath.py --runs 5 --check-chunks 50
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def cases() -> dict[str, Case]:
     return found
 
 
-def bench(runs: int) -> dict[str, object]:
+def bench(runs: int, check_chunks: int) -> dict[str, object]:
     """Time every built-in kernel; the results by kernel name."""
     from vramfabric.kernels import nvrtc
 
@@ -80,6 +83,11 @@ def bench(runs: int) -> dict[str, object]:
         first_build_s = time.perf_counter() - t0
         host_us = per_chunk_us(kernel.run_host, inputs, runs)  # type: ignore[attr-defined]
         reference_us = per_chunk_us(reference, inputs, runs)
+        t0 = time.perf_counter()
+        kernel.check_host(inputs[0])  # type: ignore[attr-defined]
+        check_build_s = time.perf_counter() - t0
+        checked = inputs[:check_chunks]
+        check_us = per_chunk_us(kernel.check_host, checked, 1)  # type: ignore[attr-defined]
         results[name] = {
             "chunks": len(inputs),
             "check_s": round(check_s, 3),
@@ -87,6 +95,10 @@ def bench(runs: int) -> dict[str, object]:
             "host_us": host_us,
             "reference_us": reference_us,
             "host_over_reference": round(host_us / reference_us, 2),
+            "check_build_s": round(check_build_s, 3),
+            "check_chunks": len(checked),
+            "check_us": check_us,
+            "check_over_host": round(check_us / host_us, 1),
         }
     return results
 
@@ -97,12 +109,15 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--check-chunks", type=int, default=20)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vf-bench-host-") as folder:
         # Empty caches: the first chunk of each kernel pays its g++ build, as on a new machine.
         os.environ["VRAMFABRIC_HOST_CACHE"] = os.path.join(folder, "cache")
         os.environ["VRAMFABRIC_HOST_BUILTINS"] = os.path.join(folder, "builtins")
-        kernels = bench(args.runs)
+        # Plain chunks: check mode is timed on its own (check_us), not on the first chunk.
+        os.environ["VRAMFABRIC_HOST_CHECK"] = "off"
+        kernels = bench(args.runs, args.check_chunks)
     line = {
         "bench": "hostpath",
         "kernels": kernels,

@@ -29,6 +29,15 @@ struct Region {
   Entry** pages;
   size_t npages;
 };
+// What every hook reads first, in one thread-local (each thread-local of a shared library
+// is a __tls_get_addr call: reading five of them per access was a third of check mode).
+struct Hot {
+  Run* run;
+  Fiber* const* current;
+  bool in_hook;
+  uintptr_t stacks_lo, stacks_hi;  // fiber stacks: the kernel's locals, never shared
+};
+static thread_local Hot hot{};
 static const size_t kMaxShadowBytes = 1024u * 1024 * 1024;
 static thread_local Region regions[600];
 static thread_local unsigned nregions = 0;
@@ -60,6 +69,8 @@ VF_NOSAN void begin_launch() {
   for (unsigned i = 0; i < nregions; ++i) clear(regions[i]);
   nregions = 0;
   if (!(run->flags & F_CHECK)) return;
+  uintptr_t lo = reinterpret_cast<uintptr_t>(stacks.memory.base);
+  hot = {run, &current, false, lo, lo + stacks.memory.bytes};
   add(run->in_lo, run->in_hi - run->in_lo, "in", false);
   add(run->out_lo, run->out_hi - run->out_lo, "out", false);
   add(run->dyn_lo, run->dyn_hi - run->dyn_lo, "extern __shared__ memory", true);
@@ -73,6 +84,7 @@ VF_NOSAN void begin_block() {
   }
 }
 VF_NOSAN void end_launch() {
+  hot = {};
   for (unsigned i = 0; i < nregions; ++i) clear(regions[i]);
   nregions = 0;
 }
@@ -132,37 +144,45 @@ VF_NOSAN inline bool past(const char* name, uintptr_t lo, uintptr_t hi, uintptr_
   return false;
 }
 
-static thread_local bool in_hook = false;
 VF_NOSAN inline void access_checked(uintptr_t addr, unsigned size, bool write, void* ret);
 // The hooks' own helpers are instrumented too (where, report, ...): they are not the kernel.
 VF_NOSAN inline void access(uintptr_t addr, unsigned size, bool write, void* ret) {
-  if (in_hook) return;
-  in_hook = true;
+  Hot& h = hot;
+  if (h.run == nullptr || h.in_hook || *h.current == nullptr) return;
+  if (addr >= h.stacks_lo && addr < h.stacks_hi) return;
+  h.in_hook = true;
   access_checked(addr, size, write, ret);
-  in_hook = false;
+  h.in_hook = false;
 }
 VF_NOSAN inline void access_checked(uintptr_t addr, unsigned size, bool write, void* ret) {
   Run* r = run;
-  if (r == nullptr || !(r->flags & F_CHECK) || current == nullptr || r->failed) return;
+  if (r->failed) return;
   uint32_t pc = (uint32_t)(reinterpret_cast<uintptr_t>(ret) - r->base - 1);
-  if (past("out", r->out_lo, r->out_hi, addr, size, write, pc) ||
-      past("in", r->in_lo, r->in_hi, addr, size, write, pc) ||
-      (r->dyn_hi > r->dyn_lo &&
-       past("extern __shared__ memory", r->dyn_lo, r->dyn_hi, addr, size, write, pc))) {
-    return;
-  }
   Region* g = nullptr;
-  for (unsigned i = 0; i < nregions; ++i) {
-    if (addr >= regions[i].lo && addr < regions[i].hi) {
-      g = &regions[i];
+  Region* all = regions;
+  for (unsigned i = 0, n = nregions; i < n; ++i) {
+    if (addr >= all[i].lo && addr < all[i].hi) {
+      g = &all[i];
       break;
     }
   }
+  if (g == nullptr || addr + size > g->hi) {
+    if (past("out", r->out_lo, r->out_hi, addr, size, write, pc) ||
+        past("in", r->in_lo, r->in_hi, addr, size, write, pc) ||
+        (r->dyn_hi > r->dyn_lo &&
+         past("extern __shared__ memory", r->dyn_lo, r->dyn_hi, addr, size, write, pc))) {
+      return;
+    }
+  }
   if (g == nullptr) return;  // a local, a __device__ or __constant__ global: not tracked
-  Access now{(uint32_t)r->block_linear, (uint16_t)cur_linear, (uint16_t)r->phase,
-             (uint16_t)r->warp_phase[(cur_linear >> 5) & 31u]};
+  unsigned linear = cur_linear;
+  Access now{(uint32_t)r->block_linear, (uint16_t)linear, (uint16_t)r->phase,
+             (uint16_t)r->warp_phase[(linear >> 5) & 31u]};
+  // One page lookup for the access (it rarely straddles a page).
+  Entry* first = entry(*g, addr);
+  bool one_page = (addr & (kPage - 1)) + size <= kPage;
   for (uintptr_t a = addr; a < addr + size && a < g->hi; ++a) {
-    Entry* e = entry(*g, a);
+    Entry* e = one_page && first != nullptr ? first + (a - addr) : entry(*g, a);
     if (e == nullptr) return;
     if (write) {
       if ((e->flags & 1) && !ordered(e->w, now)) {
