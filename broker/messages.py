@@ -286,6 +286,10 @@ class ChunkResult:
     # The seconds its work ran in its executor (0 where unknown): no wait for a process or a
     # slot, unlike `elapsed_s`. Packing reads it.
     cost_s: float = 0.0
+    # A failed chunk's end of what it printed (stdout and stderr as one text, at most 64 KiB)
+    # and of its traceback; empty where there is none (see docs/protocol.md, ChunkResult).
+    printed: str = ""
+    traceback: str = ""
 
 
 @attrs.frozen

@@ -21,6 +21,7 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator import joblist, lifecycle
 from vramfabric.coordinator.collect import housekeep
 from vramfabric.coordinator.driver import ORPHANED
+from vramfabric.coordinator.failures import DEFAULT_FAILURES, Failures, read_failures
 from vramfabric.coordinator.fleet import stored_adverts
 from vramfabric.coordinator.settings import CoordinatorSettings
 
@@ -29,7 +30,9 @@ from .exits import (
 )
 from .report import (
     err,
+    failure_dict,
     jsonable,
+    print_failures,
     print_job,
     print_jobs,
     print_status,
@@ -76,13 +79,35 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    """Show one job: progress, failures by kind, the aggregate if stored."""
-    info = _lifecycle(lambda c, b, t: joblist.inspect(c, b, t, args.id))
-    if args.json:
-        print(json.dumps(info.as_dict(time.time()), default=jsonable))
+    """Show one job: progress, failures by kind, the aggregate if stored.
+
+    With `--failures`, also its failed chunks: error, traceback, the end of what they printed.
+    """
+    if not args.failures:
+        info = _lifecycle(lambda c, b, t: joblist.inspect(c, b, t, args.id))
+        failed = None
     else:
-        print_job(info, time.time())
+        info, failed = _lifecycle(lambda c, b, t: _with_failures(c, b, t, args.id, args.limit))
+    if args.json:
+        out = info.as_dict(time.time())
+        if failed is not None:
+            out["failures"] = [failure_dict(f) for f in failed.results]
+            out["failures_total"] = failed.total
+        print(json.dumps(out, default=jsonable))
+        return RET_OK
+    print_job(info, time.time())
+    if failed is not None:
+        print_failures(failed.results, failed.total)
     return RET_OK
+
+
+async def _with_failures(
+    conn: Connection, broker: BrokerSettings, tenant: str, job: str, limit: int
+) -> tuple[joblist.JobInfo, Failures]:
+    """One job's info and its first `limit` failures, over one connection."""
+    info = await joblist.inspect(conn, broker, tenant, job)
+    spec = await joblist.read_spec(conn, broker, tenant, job)
+    return info, await read_failures(conn, broker, spec, limit)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -197,6 +222,18 @@ def add_job_commands(sub: Any) -> None:
         p.add_argument("id", help="the job id (see `vramfabric jobs`)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(handler=handler)
+        if name == "job":
+            p.add_argument(
+                "--failures",
+                action="store_true",
+                help="also each failed chunk: its error, traceback and the end of what it printed",
+            )
+            p.add_argument(
+                "--limit",
+                type=_positive_int,
+                default=DEFAULT_FAILURES,
+                help=f"failed chunks shown with --failures (default {DEFAULT_FAILURES})",
+            )
 
 
 def _positive_int(text: str) -> int:

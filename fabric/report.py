@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.messages import ChunkResult, NodeAdvert
 from vramfabric.coordinator.fabric import JobResult
 from vramfabric.coordinator.joblist import JobInfo
 from vramfabric.coordinator.results import ResultsConsumer
@@ -184,6 +184,41 @@ def print_job(info: JobInfo, now: float) -> None:
         print(f"coordinator gone; resume with: {info.resume}")
     if info.log:
         print(f"log: {info.log}")
+
+
+def failure_dict(f: ChunkResult) -> dict[str, Any]:
+    """A failed chunk's result as plain values: its error, traceback and what it printed."""
+    return {
+        "index": f.index,
+        "error_kind": f.error_kind.value if f.error_kind else "error",
+        "error": f.error,
+        "attempt": f.attempt,
+        "node": f.node,
+        "lease_id": f.lease_id,
+        "traceback": f.traceback,
+        "printed": f.printed,
+    }
+
+
+def print_failures(failures: tuple[ChunkResult, ...], total: int) -> None:
+    """Each failed chunk: kind, attempt and node, its error, traceback and printed text."""
+    for f in failures:
+        kind = f.error_kind.value if f.error_kind else "error"
+        where = f" on {f.node}" if f.node else ""
+        print(f"\nfailed chunk {f.index}: {kind}, attempt {f.attempt}{where}")
+        print(_indented(f.error or ""))
+        if f.traceback and f.traceback.strip() != (f.error or "").strip():
+            print("  traceback:")
+            print(_indented(f.traceback, 4))
+        if f.printed:
+            print(f"  printed (the last {len(f.printed.encode()):,} bytes):")
+            print(_indented(f.printed.rstrip("\n"), 4))
+    if total > len(failures):
+        print(f"\n... and {total - len(failures)} more failed chunks (--limit N shows more)")
+
+
+def _indented(text: str, by: int = 2) -> str:
+    return "\n".join(" " * by + line for line in text.splitlines())
 
 
 def _age(seconds: float) -> str:

@@ -26,7 +26,9 @@ from vramfabric.kernels.registry import load_registry
 from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
-from .executor_work import Failure, WorkRunner, is_cuda_error, summary
+from .captured import Captured
+from .executor_packs import run_pack
+from .executor_work import Failure, WorkRunner, full_traceback, is_cuda_error, summary
 from .hardening import make_undumpable
 from .leftovers import Leftovers, become_subreaper
 
@@ -46,8 +48,13 @@ MAX_OUTPUT_BYTES = ipc.MAX_FRAME_BYTES - 64 * 2**10
 class Executor:
     """The loop of one executor process."""
 
-    def __init__(self, args: argparse.Namespace, out: BinaryIO) -> None:
-        """Build the registry and the device handles for `args`."""
+    def __init__(
+        self, args: argparse.Namespace, out: BinaryIO, captured: Captured | None = None
+    ) -> None:
+        """Build the registry and the device handles for `args`.
+
+        `captured`: what chunks print, read back for a failed chunk's result (none: not).
+        """
         self.runner = WorkRunner(
             load_registry(builtin_registry(), args.kernel_module), args.simulated
         )
@@ -59,6 +66,7 @@ class Executor:
         self._checkpoints: dict[int, tuple[threading.Event, list[str | None]]] = {}
         # Processes chunks started and left running: killed once no chunk runs here.
         self._leftovers = Leftovers()
+        self._captured = captured or Captured(None)
         # One thread per lease that may run here (the agent sends one chunk per lease at a
         # time), started now: a thread started mid-burst waits for the GIL behind the busy
         # ones, and a burst of them stalled the first job for most of a second.
@@ -114,20 +122,25 @@ class Executor:
 
     def _run(self, frame: dict[str, Any]) -> None:
         self._leftovers.enter()
+        printed_from = self._captured.start()
         try:
-            reply = self._outcome(frame)
+            reply = self._outcome(frame, printed_from)
         finally:
+            self._captured.end()
             # Before `done`: once the agent has the outcome, nothing of the chunk runs.
             self._leftovers.leave()
         self.send(reply)
 
-    def _outcome(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """The `done` frame for a `run` frame (a CUDA error ends this process instead)."""
+    def _outcome(self, frame: dict[str, Any], printed_from: int) -> dict[str, Any]:
+        """The `done` frame for a `run` frame (a CUDA error ends this process instead).
+
+        A failed chunk's frame carries what it printed since `printed_from` (its end).
+        """
         task = frame["task"]
         start = time.perf_counter()
         try:
             if "inputs" in frame:
-                output = self._run_pack(frame)
+                output = self._run_pack(frame, printed_from)
             else:
                 output = self.runner.execute(frame, self._context(frame))
             if len(output) > MAX_OUTPUT_BYTES:
@@ -141,6 +154,7 @@ class Executor:
         except Failure as exc:
             reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
             reply["error"] = str(exc)
+            reply["printed"] = self._captured.tail(printed_from)
         except Exception as exc:  # recorded: the chunk's `done` frame names it (or a CUDA exit)
             if is_cuda_error(exc):
                 # A CUDA error can leave the context unusable for every thread: report, then
@@ -158,31 +172,13 @@ class Executor:
             # Unexpected exceptions in user code are permanent: the message names the cause.
             reply = {"op": "done", "task": task, "ok": False, "kind": ErrorKind.ERROR.value}
             reply["error"] = summary(exc)
+            reply["traceback"] = full_traceback(exc)
+            reply["printed"] = self._captured.tail(printed_from)
         return reply
 
-    def _run_pack(self, frame: dict[str, Any]) -> bytes:
+    def _run_pack(self, frame: dict[str, Any], printed_from: int = 0) -> bytes:
         """Run a pack's chunks one after another; their outcomes, each its own."""
-        inputs = frame["inputs"]
-        try:
-            run = self.runner.bind(frame)
-        except Exception as exc:  # recorded: every chunk's outcome names it
-            if is_cuda_error(exc):
-                raise  # the whole process is suspect: `_run` reports it and exits
-            return ipc.pack_outcomes([_failed(exc)] * len(inputs))
-        gpu, xp, slice_bytes = self.runner.gpu, self.runner.xp, frame["slice_bytes"]
-        attempt, job = frame["attempt"], frame["job"]
-        outcomes: list[ipc.Outcome] = []
-        for index, data in enumerate(inputs, frame["index"]):
-            # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
-            # are not kept (one KV write per tiny chunk would cost more than the chunk).
-            ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
-            try:
-                outcomes.append((True, run(bytes(data), ctx)))
-            except Exception as exc:  # recorded: this chunk's outcome names it
-                if is_cuda_error(exc):
-                    raise
-                outcomes.append(_failed(exc))
-        return ipc.pack_outcomes(outcomes)
+        return run_pack(self.runner, self._captured, frame, printed_from)
 
     def _context(self, frame: dict[str, Any]) -> Context:
         task, resumed = frame["task"], frame.get("resumed")
@@ -212,17 +208,6 @@ class Executor:
                 raise RuntimeError(f"checkpoint not stored: {waiter[1][0]}")
         finally:
             del self._checkpoints[task]
-
-
-def _failed(exc: Exception) -> ipc.Outcome:
-    """A chunk's outcome for what its work raised (unexpected ones are permanent)."""
-    if isinstance(exc, Failure):
-        return (False, exc.kind.value, str(exc))
-    return (False, ErrorKind.ERROR.value, summary(exc))
-
-
-def _discard(_state: bytes) -> None:
-    """A packed chunk's checkpoint: not stored."""
 
 
 def _prestart(pool: concurrent.futures.ThreadPoolExecutor, n: int) -> None:
@@ -281,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     # Beside the frames, not before them: a start stays as quick as it was.
     threading.Thread(target=_prune_host_cache, name="prune", daemon=True).start()
-    Executor(args, out).serve(inp)
+    # stderr (and so stdout) is the agent's capture file (captured.py).
+    Executor(args, out, Captured(2)).serve(inp)
     # The agent is gone or done with us: do not wait for chunks that may hang.
     os._exit(0)
 

@@ -20,6 +20,7 @@ import attrs
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
 
 from . import ipc
+from .captured import attach, read_tail
 from .containment import Sandbox
 from .executor_start import start_executor
 from .gpus import GpuSpec
@@ -171,6 +172,17 @@ class ExecutorProcess:
         started may hold the pipe open for ever. Whatever it started dies with it.
         """
         frames = asyncio.get_running_loop().create_task(self._read())
+        try:
+            await self._until_ended(frames)
+            self._died()
+        finally:
+            frames.cancel()
+            if self.proc.returncode is None:  # the watch itself was cancelled: no orphans
+                self.proc.kill_group()
+            self.proc.close_pipes()
+
+    async def _until_ended(self, frames: asyncio.Task[None]) -> None:
+        """Wait for the process to end (killing it if its frames end first), then its group."""
         await asyncio.wait((frames, self.proc.exited), return_when=asyncio.FIRST_COMPLETED)
         if not self.proc.exited.done() and not self.doom:
             # Its pipe closed: it is ending (crashed, or done), or it closed the pipe itself.
@@ -184,9 +196,6 @@ class ExecutorProcess:
         # The frames it wrote before it ended (a `done` naming the culprit) are read first.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(frames), FRAMES_AFTER_EXIT_S)
-        frames.cancel()
-        self.proc.close_pipes()
-        self._died()
 
     async def _read(self) -> None:
         stdout = self.proc.proc.stdout
@@ -216,6 +225,7 @@ class ExecutorProcess:
                 task.future.set_result(bytes(frame["output"]))
             else:
                 error = _failure(frame)
+                attach(error, str(frame.get("printed", "")), str(frame.get("traceback", "")))
                 self.culprit_known |= isinstance(error, ExecutorCrashed)
                 task.future.set_exception(error)
         elif op == "checkpoint":
@@ -244,7 +254,11 @@ class ExecutorProcess:
         why = self.doom or f"executor process died ({exit_reason(code)}) while running this chunk"
         running = [task for task in self.tasks.values() if not task.future.done()]
         for task in running:
-            task.future.set_exception(self._verdict(why, len(running)))
+            verdict = self._verdict(why, len(running))
+            # A bystander runs again; the others keep what the process printed last.
+            task.future.set_exception(
+                verdict if isinstance(verdict, Bystander) else self.tailed(verdict)
+            )
         if not self.ready.done():
             self.ready.set_exception(ExecutorCrashed(why))
             self.ready.exception()  # retrieved: the starter reports it
@@ -252,6 +266,13 @@ class ExecutorProcess:
         quiet = self.doom.startswith(("idle", "executor killed: the node"))
         level = logging.INFO if quiet else logging.WARNING
         log.log(level, "executor ended key=%s pid=%d %s", self.key, self.proc.pid, why)
+
+    def tailed(self, exc: VramfabricError) -> VramfabricError:
+        """`exc`, carrying the end of what the process printed (its running chunk's text)."""
+        if self.proc.capture is not None:
+            with contextlib.suppress(OSError, ValueError):
+                attach(exc, read_tail(self.proc.capture.fileno()))
+        return exc
 
     def _verdict(self, why: str, running: int) -> ExecutorCrashed:
         """What a chunk still running when the process ended learns, by who is to blame."""

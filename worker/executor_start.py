@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from typing import Any
 
 from vramfabric.broker.server import die_with_parent
@@ -65,14 +66,23 @@ async def start_executor(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if gpu.cpus:
         args += ["--cpus", ",".join(map(str, gpu.cpus))]
-    return await process_group.start(
-        sys.executable,
-        *flags,
-        "-m",
-        "vramfabric.worker.executor",
-        *args,
-        env=env,
-        # Runs after the uid switch, which would clear the parent-death signal.
-        preexec_fn=die_with_parent,
-        **user,
-    )
+    # What its chunks print, read back for a failed chunk (worker/captured.py): an unlinked
+    # file of the agent's, which a contained executor writes through the descriptor alone.
+    # Open for the process's life: GroupProcess.close_pipes closes it.
+    capture = tempfile.TemporaryFile(prefix="vramfabric-executor-")  # noqa: SIM115
+    try:
+        return await process_group.start(
+            sys.executable,
+            *flags,
+            "-m",
+            "vramfabric.worker.executor",
+            *args,
+            capture=capture,
+            env=env,
+            # Runs after the uid switch, which would clear the parent-death signal.
+            preexec_fn=die_with_parent,
+            **user,
+        )
+    except BaseException:
+        capture.close()
+        raise

@@ -27,6 +27,7 @@ from vramfabric.kernels.code import Context, PythonCode
 from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
 from vramfabric.kernels.host_build import NoHostCompiler
 
+from .captured import TRACEBACK_CHARS
 from .lease_devices import LeaseDevices
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,11 @@ def summary(exc: BaseException) -> str:
     """The exception and the last frames of its traceback (the user's code, usually)."""
     tb = traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES)
     return "".join(tb).strip()[-2000:]
+
+
+def full_traceback(exc: BaseException) -> str:
+    """The exception's whole traceback, as Python prints it (its end, where it is long)."""
+    return "".join(traceback.format_exception(exc)).strip()[-TRACEBACK_CHARS:]
 
 
 def is_cuda_error(exc: BaseException) -> bool:

@@ -11,7 +11,8 @@ not unpickle anything such code could have written. Every frame is a map with an
 | | | `lease`, `attempt`, `job`, `index`, `resumed`; a pack has `inputs` (chunks |
 | | | `index`, `index + 1`, ...) instead of `input` |
 | `done` | executor | `task`, `ok`, `output` and `cost_s` (the seconds the work ran in its |
-| | | thread), or `kind` + `error`; a pack's `output` is its outcomes (`pack_outcomes`) |
+| | | thread), or `kind` + `error` + `printed` (the end of what it printed) and, for an |
+| | | unexpected exception, `traceback`; a pack's `output` is its outcomes (`pack_outcomes`) |
 | `checkpoint` | executor | `task`, `state` |
 | `checkpointed` | agent | `task`, `error` (None when stored) |
 """
@@ -55,8 +56,9 @@ def unpack(body: bytes) -> dict[str, Any]:
 HEADER_BYTES = _LENGTH.size
 
 
-# One chunk's outcome inside a pack: (True, output) or (False, error kind, message).
-Outcome = tuple[bool, bytes] | tuple[bool, str, str]
+# One chunk's outcome inside a pack: (True, output) or (False, error kind, message, what it
+# printed, traceback).
+Outcome = tuple[bool, bytes] | tuple[bool, str, str, str, str]
 
 
 def pack_outcomes(outcomes: list[Outcome]) -> bytes:

@@ -27,14 +27,15 @@ from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.packs import ChunkPack, PackResult
 
 from . import ipc
+from .captured import attach
 from .slot import ChunkRunner
 from .work import refusal
 
 log = logging.getLogger(__name__)
 
 # A pack's result stays this far under the server's 1 MiB payload: outputs that would take it
-# past go to the outputs store, and its failures' messages share PACK_ERROR_CHARS (each keeps
-# at least PACK_ERROR_CHARS_MIN).
+# past go to the outputs store, and its failures' texts (message, traceback, what they
+# printed) share PACK_ERROR_CHARS (each keeps at least PACK_ERROR_CHARS_MIN).
 PACK_RESULT_BYTES = 900 * 2**10
 PACK_ERROR_CHARS = 256 * 2**10
 PACK_ERROR_CHARS_MIN = 160
@@ -91,7 +92,7 @@ class PackRunner:
         failed = [o for o in outcomes if isinstance(o, ChunkResult) and not o.ok]
         error_chars = max(PACK_ERROR_CHARS_MIN, PACK_ERROR_CHARS // max(1, len(failed)))
         others = {r.index: _shortened(r, error_chars) for r in failed}
-        budget = PACK_RESULT_BYTES - sum(len(r.error or "") + 256 for r in others.values())
+        budget = PACK_RESULT_BYTES - sum(_text_bytes(r) + 256 for r in others.values())
         outputs: list[bytes | None] = []
         for offset, outcome in enumerate(outcomes):
             index = pack.first + offset
@@ -231,12 +232,33 @@ class PackRunner:
         except ValueError:
             kind = ErrorKind.ERROR
         exc = ChunkFailed(kind, str(outcome[2]) if len(outcome) > 2 else "")
+        if len(outcome) > 4:  # what it printed, its traceback (an older executor sends none)
+            attach(exc, str(outcome[3]), str(outcome[4]))
         return self.runner.failed(spec.job_id, index, exc, attempt, lease.lease_id, started_at)
 
 
 def _shortened(result: ChunkResult, max_chars: int) -> ChunkResult:
-    """The result with its error message cut to `max_chars` (its end, where the cause is)."""
-    error = result.error or ""
-    if len(error) <= max_chars:
+    """The result with its texts cut to `max_chars` together (each keeps its end).
+
+    The error message first, then the traceback and what the chunk printed, half each of
+    what is left (either takes what the other does not need).
+    """
+    error = _end(result.error or "", max_chars)
+    left = max_chars - len(error)
+    traceback = _end(result.traceback, max(left // 2, left - len(result.printed)))
+    printed = _end(result.printed, left - len(traceback))
+    if (error, traceback, printed) == (result.error or "", result.traceback, result.printed):
         return result
-    return attrs.evolve(result, error="..." + error[-(max_chars - 3) :])
+    return attrs.evolve(result, error=error, traceback=traceback, printed=printed)
+
+
+def _end(text: str, max_chars: int) -> str:
+    """`text`, or its last `max_chars` characters marked as cut."""
+    if len(text) <= max_chars:
+        return text
+    return "..." + text[-(max_chars - 3) :] if max_chars > 3 else ""
+
+
+def _text_bytes(result: ChunkResult) -> int:
+    """What a result's texts take of a pack's result, encoded."""
+    return sum(len(t.encode()) for t in (result.error or "", result.traceback, result.printed))

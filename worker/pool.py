@@ -243,7 +243,7 @@ class ExecutorPool:
             exe.key,
             task.timeout_s,
         )
-        task.future.set_exception(ChunkTimeout(task.timeout_s))
+        task.future.set_exception(exe.tailed(ChunkTimeout(task.timeout_s)))
         exe.kill(FOR_A_NEIGHBOUR)
 
     async def _executor(self, key: ExecKey) -> ExecutorProcess:

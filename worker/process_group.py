@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from typing import Any
+from typing import IO, Any
 
 # How long the frames an executor wrote before it ended may take to be read once it has
 # ended; past this the pipe is held by a process that left its group, and is closed.
@@ -45,11 +45,14 @@ class GroupProcess:
         proc: asyncio.subprocess.Process,
         transport: asyncio.SubprocessTransport,
         exited: asyncio.Future[None],
+        capture: IO[bytes] | None = None,
     ) -> None:
         """Wrap a process started by `start`."""
         self.proc = proc
         self.transport = transport
         self.exited = exited
+        # Its stderr: a file of the agent's, read back after a crash (worker/captured.py).
+        self.capture = capture
 
     @property
     def pid(self) -> int:
@@ -80,10 +83,17 @@ class GroupProcess:
     def close_pipes(self) -> None:
         """Close the agent's ends of the pipes (a writer waiting on a full pipe is woken)."""
         self.transport.close()
+        if self.capture is not None:
+            self.capture.close()
 
 
-async def start(program: str, *args: str, **kwargs: Any) -> GroupProcess:
-    """Start `program` in a new session, stdin and stdout piped (as create_subprocess_exec)."""
+async def start(
+    program: str, *args: str, capture: IO[bytes] | None = None, **kwargs: Any
+) -> GroupProcess:
+    """Start `program` in a new session, stdin and stdout piped (as create_subprocess_exec).
+
+    Its stderr goes to `capture` (a file), if given.
+    """
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(2**16, loop),
@@ -93,11 +103,11 @@ async def start(program: str, *args: str, **kwargs: Any) -> GroupProcess:
         stdout=asyncio.subprocess.PIPE,
         # setsid(): a session and process group of its own, whose id is its pid.
         start_new_session=True,
+        stderr=capture,
         **kwargs,
     )
-    return GroupProcess(
-        asyncio.subprocess.Process(transport, protocol, loop), transport, protocol.exited
-    )
+    proc = asyncio.subprocess.Process(transport, protocol, loop)
+    return GroupProcess(proc, transport, protocol.exited, capture)
 
 
 def exit_reason(code: int) -> str:

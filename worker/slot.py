@@ -30,6 +30,7 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
+from .captured import carried
 from .executor_handle import Bystander, Suspect
 from .ledger import SliceLedger
 from .pool import ExecutorPool
@@ -173,7 +174,10 @@ class ChunkRunner:
         lease_id: str,
         started_at: float,
     ) -> ChunkResult:
-        """A failed result naming the error's kind; an unexpected one is logged with a traceback."""
+        """A failed result naming the error's kind; an unexpected one is logged with a traceback.
+
+        What the chunk printed, and its traceback, come with the error (worker/captured.py).
+        """
         if isinstance(exc, ChunkFailed):
             kind, message = exc.error_kind, str(exc)
         elif isinstance(exc, VramfabricError):
@@ -183,6 +187,7 @@ class ChunkRunner:
             log.error("chunk failed job=%s index=%d", job, index, exc_info=exc)
             kind = ErrorKind.ERROR
             message = "".join(traceback.format_exception_only(exc)).strip()
+        printed, trace = carried(exc)
         return ChunkResult(
             job=job,
             index=index,
@@ -194,4 +199,6 @@ class ChunkRunner:
             lease_id=lease_id,
             started_at=started_at,
             elapsed_s=time.time() - started_at,
+            printed=printed,
+            traceback=trace,
         )

@@ -1,0 +1,65 @@
+"""A pack's chunks inside an executor: run one after another, each with its own outcome.
+
+The work is resolved once for the whole pack (executor_work.py, `WorkRunner.bind`); each
+chunk gets its own context and its own outcome (worker/ipc.py, `Outcome`). A failed chunk's
+outcome carries what the pack printed since the previous failure in it (or its start):
+marking each chunk's start would cost a tiny chunk more than its own work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramfabric.broker.errors import ErrorKind
+from vramfabric.kernels.code import Context
+
+from . import ipc
+from .captured import TAIL_BYTES, Captured
+from .executor_work import Failure, WorkRunner, full_traceback, is_cuda_error, summary
+
+# What a pack's failed chunks keep of what they printed, shared (each keeps at least the min):
+# the pack's result keeps less still (worker/pack_slot.py).
+PACK_TAIL_BYTES, PACK_TAIL_MIN_BYTES = 2**20, 4 * 2**10
+
+
+def run_pack(
+    runner: WorkRunner, captured: Captured, frame: dict[str, Any], printed_from: int
+) -> bytes:
+    """Run a pack frame's chunks one after another; their outcomes, each its own.
+
+    A CUDA error is raised (the whole process is suspect: the caller reports it and exits).
+    """
+    inputs = frame["inputs"]
+    tail_bytes = max(PACK_TAIL_MIN_BYTES, min(TAIL_BYTES, PACK_TAIL_BYTES // len(inputs)))
+    try:
+        run = runner.bind(frame)
+    except Exception as exc:  # recorded: every chunk's outcome names it
+        if is_cuda_error(exc):
+            raise
+        return ipc.pack_outcomes([failed(exc)] * len(inputs))
+    gpu, xp, slice_bytes = runner.gpu, runner.xp, frame["slice_bytes"]
+    attempt, job = frame["attempt"], frame["job"]
+    outcomes: list[ipc.Outcome] = []
+    for index, data in enumerate(inputs, frame["index"]):
+        # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
+        # are not kept (one KV write per tiny chunk would cost more than the chunk).
+        ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
+        try:
+            outcomes.append((True, run(bytes(data), ctx)))
+        except Exception as exc:  # recorded: this chunk's outcome names it
+            if is_cuda_error(exc):
+                raise
+            outcomes.append(failed(exc, captured.tail(printed_from, tail_bytes)))
+            printed_from = captured.mark()
+    return ipc.pack_outcomes(outcomes)
+
+
+def failed(exc: Exception, printed: str = "") -> ipc.Outcome:
+    """A chunk's outcome for what its work raised (unexpected ones are permanent)."""
+    if isinstance(exc, Failure):
+        return (False, exc.kind.value, str(exc), printed, "")
+    return (False, ErrorKind.ERROR.value, summary(exc), printed, full_traceback(exc))
+
+
+def _discard(_state: bytes) -> None:
+    """A packed chunk's checkpoint: not stored."""
