@@ -216,6 +216,15 @@ inline unsigned __usad(unsigned a, unsigned b, unsigned c) { return (a > b ? a -
 // Atomics. The value's type is the pointer's (not deduced from the value), as CUDA's
 // overloads make it: atomicAdd(unsigned*, 1) adds an unsigned 1.
 namespace vf {
+// Every atomic's old value passes here (cuda_host_run.h): a thread that keeps reading the same
+// value from one address is waiting for another thread or block to change it.
+void atomic_seen(const void* p, unsigned long long value);
+template <class T> VF_NOSAN inline T seen(T* p, T old) {
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &old, sizeof(T) < 8 ? sizeof(T) : 8);
+  atomic_seen(p, bits);
+  return old;
+}
 template <class T> struct Same { using type = T; };
 template <class T> using same_t = typename Same<T>::type;
 template <class T, class F> VF_NOSAN inline T cas_loop(T* p, F next) {
@@ -230,37 +239,37 @@ template <class T, class F> VF_NOSAN inline T cas_loop(T* p, F next) {
 }  // namespace vf
 template <class T> VF_NOSAN inline T atomicAdd(T* p, vf::same_t<T> v) {
   if constexpr (std::is_integral<T>::value) {
-    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+    return vf::seen(p, __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST));
   } else {
-    return vf::cas_loop(p, [v](T old) { return T(old + v); });
+    return vf::seen(p, vf::cas_loop(p, [v](T old) { return T(old + v); }));
   }
 }
 template <class T> VF_NOSAN inline T atomicSub(T* p, vf::same_t<T> v) {
-  return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST);
+  return vf::seen(p, __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST));
 }
 template <class T> VF_NOSAN inline T atomicAnd(T* p, vf::same_t<T> v) {
-  return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST);
+  return vf::seen(p, __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST));
 }
 template <class T> VF_NOSAN inline T atomicOr(T* p, vf::same_t<T> v) {
-  return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+  return vf::seen(p, __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST));
 }
 template <class T> VF_NOSAN inline T atomicXor(T* p, vf::same_t<T> v) {
-  return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST);
+  return vf::seen(p, __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST));
 }
 template <class T> VF_NOSAN inline T atomicExch(T* p, vf::same_t<T> v) {
   T old;
   __atomic_exchange(p, &v, &old, __ATOMIC_SEQ_CST);
-  return old;
+  return vf::seen(p, old);
 }
 template <class T> VF_NOSAN inline T atomicCAS(T* p, vf::same_t<T> expected, vf::same_t<T> v) {
   __atomic_compare_exchange(p, &expected, &v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  return expected;
+  return vf::seen(p, expected);
 }
 template <class T> VF_NOSAN inline T atomicMin(T* p, vf::same_t<T> v) {
-  return vf::cas_loop(p, [v](T old) { return v < old ? v : old; });
+  return vf::seen(p, vf::cas_loop(p, [v](T old) { return v < old ? v : old; }));
 }
 template <class T> VF_NOSAN inline T atomicMax(T* p, vf::same_t<T> v) {
-  return vf::cas_loop(p, [v](T old) { return old < v ? v : old; });
+  return vf::seen(p, vf::cas_loop(p, [v](T old) { return old < v ? v : old; }));
 }
 VF_NOSAN inline unsigned atomicInc(unsigned* p, unsigned limit) {
   return vf::cas_loop(p, [limit](unsigned old) { return old >= limit ? 0u : old + 1u; });

@@ -269,6 +269,38 @@ inline uintptr_t pc_offset(const void* pc) {
   return run != nullptr ? reinterpret_cast<uintptr_t>(pc) - run->base : 0;
 }
 
+// A thread that has read the same value from one address with 2^24 atomics in a row is
+// waiting for another to change it: on the host the others of its block run only when it
+// reaches a barrier, and later blocks after it ends, so it would wait for ever.
+struct Spin {
+  const void* p;
+  unsigned long long value, block;
+  unsigned thread, count;
+};
+static thread_local Spin spin{};
+__attribute__((noinline)) VF_NOSAN void atomic_seen(const void* p, unsigned long long value) {
+  Spin& s = spin;
+  if (run == nullptr) return;
+  if (s.p != p || s.value != value || s.block != run->block_linear || s.thread != cur_linear) {
+    s = {p, value, run->block_linear, cur_linear, 0};
+    return;
+  }
+  if (++s.count < (1u << 24)) return;
+  char who[96];
+  where(who, sizeof who, current);
+  unsigned long at = (unsigned long)(pc_offset(__builtin_return_address(0)) - 1), caller = at;
+#ifdef VF_CHECK
+  // The check build does not inline atomics: the kernel's line is one frame further out.
+  caller = (unsigned long)(pc_offset(__builtin_return_address(1)) - 1);
+#endif
+  report("%s spins on an atomic at @pc:%lx|%lx@: %u atomics in a row on one address read the same "
+         "value, so it waits for another thread or block to change it, and on the host path "
+         "that one runs after it (blocks one after another, a block's threads between barriers; "
+         "a GPU promises no order either)", who, at, caller, s.count);
+  s = {};
+  if (current != nullptr) abort_fiber();
+}
+
 // A barrier: wait until every live thread of the block waits at this same one.
 inline int sync_block(int line, unsigned char kind, int pred) {
   Fiber* f = current;

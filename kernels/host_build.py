@@ -46,6 +46,7 @@ _COMMON += ("-g1", "-gdwarf-4", "-U_FORTIFY_SOURCE", "-w")
 _FLAGS = (*_COMMON, "-O2")
 # Instrumented for the hooks, linked without ThreadSanitizer's runtime (cuda_host_check.h).
 _CHECK_FLAGS: tuple[str, ...] = (*_COMMON, "-O1", "-DVF_CHECK", "-fsanitize=thread")
+_CHECK_FLAGS += ("-fno-omit-frame-pointer",)
 _CHECK_FLAGS += ("--param", "tsan-instrument-func-entry-exit=0")
 _TIMEOUT_S = 300.0
 # What the host path cannot run: a pattern, the name it is refused under, and words one of

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .kernel import KernelArgumentError
 
-_PC = re.compile(r"@pc:([0-9a-f]+)@")
+# An address, or alternatives (the first that is a kernel.cu line wins).
+_PC = re.compile(r"@pc:([0-9a-f|]+)@")
 _KERNEL_LINE = re.compile(r"kernel\.cu:(\d+)")
 
 
@@ -33,14 +34,17 @@ class KernelRace(KernelFault):
 
 def fault_message(kernel: str, report: str, library: Path) -> str:
     """`report` with its `@pc:...@` addresses as lines, prefixed with the kernel's name."""
-    text = _PC.sub(lambda m: _where(library, int(m[1], 16)), report)
+    text = _PC.sub(lambda m: _where(library, [int(a, 16) for a in m[1].split("|")]), report)
     joiner = " " if text.startswith(("wrote ", "read ")) else ": "
     return f"kernel {kernel}{joiner}{text}"
 
 
-def _where(library: Path, offset: int) -> str:
-    line = kernel_line(str(library), offset)
-    return f"line {line}" if line else f"an instruction at +0x{offset:x} (no line known)"
+def _where(library: Path, offsets: list[int]) -> str:
+    for offset in offsets:
+        line = kernel_line(str(library), offset)
+        if line:
+            return f"line {line}"
+    return f"an instruction at +0x{offsets[0]:x} (no line known)"
 
 
 @functools.lru_cache(maxsize=4096)

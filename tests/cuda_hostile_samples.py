@@ -329,6 +329,19 @@ __device__ int depth(int n) {
 extern "C" __global__ void recurse(int* out) { out[threadIdx.x] = depth(1 << 20); }
 """
 
+INTER_BLOCK_WAIT = r"""
+// Block b waits for block b + 1 to set its flag: on a GPU only if both are resident at once.
+extern "C" __global__ void wait_for_next(const unsigned* x, unsigned* flags) {
+  if (threadIdx.x != 0) return;
+  unsigned b = blockIdx.x;
+  if (b + 1 < gridDim.x) {
+    while (atomicAdd(&flags[b + 1], 0u) == 0u) {
+    }
+  }
+  atomicExch(&flags[b], x[0]);
+}
+"""
+
 BAD: dict[str, Sample] = {
     "uninitialised_shared": Sample(
         UNINITIALISED_SHARED, "block_sums", ("in", "out"), 4, 64, 16, floats(256),
@@ -372,6 +385,12 @@ BAD: dict[str, Sample] = {
         DIVIDE_BY_ZERO, "ratios", ("in", "out"), 1, 4, 16,
         lambda rng: np.array([5, 3, 0, 7], np.int32).tobytes(), dtype="int32",
         fault=r"kernel ratios: integer division by zero at line 4 in thread \(2,0,0\)",
+    ),
+    "inter_block_wait": Sample(
+        INTER_BLOCK_WAIT, "wait_for_next", ("in", "out"), 4, 32, 16,
+        lambda rng: np.array([1], np.uint32).tobytes(), dtype="uint32",
+        fault=r"kernel wait_for_next: thread \(0,0,0\) of block \(0,0,0\) spins on an atomic "
+        r"at line 7: \d+ atomics in a row",
     ),
     "stack_overflow": Sample(
         STACK_OVERFLOW, "recurse", ("out",), 1, 2, 8, lambda rng: b"", dtype="int32",

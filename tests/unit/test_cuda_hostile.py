@@ -70,7 +70,7 @@ def test_each_fault_is_caught_in_check_mode_with_its_message(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     ["divergent_barrier", "mask_without_self", "inactive_lane", "divide_by_zero",
-     "stack_overflow", "past_in"],
+     "stack_overflow", "past_in", "inter_block_wait"],
 )  # fmt: skip
 def test_plain_runs_catch_the_same_faults(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given chunks that run plainly (no check mode at all)
