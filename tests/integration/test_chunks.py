@@ -170,25 +170,6 @@ async def test_malformed_work_messages_are_rejected_and_the_job_still_completes(
     assert again.n_ok == 1
 
 
-async def test_unknown_kernel_fails_each_chunk_with_a_clear_error(
-    agent_factory: AgentFactory, fabric_factory: FabricFactory
-) -> None:
-    # Given a node that does not know a kernel the coordinator has
-    import attrs
-
-    await agent_factory("n1")
-    fabric = await fabric_factory()
-    stranger = attrs.evolve(SLEEPY, name="stranger")
-    # When a job of it runs
-    result = await fabric.run(
-        Job(stranger, [sleepy_input(1), sleepy_input(2)]), ArgMin(), timeout_s=30
-    )
-    # Then every chunk fails permanently, naming the kernel, without retries
-    assert result.n_failed == 2
-    assert {f.error_kind for f in result.failures} == {ErrorKind.KERNEL_NOT_FOUND}
-    assert all("stranger" in (f.error or "") and f.attempt == 1 for f in result.failures)
-
-
 async def test_chunk_out_of_deliveries_is_recorded_as_exhausted(
     fabric_factory: FabricFactory, worker_process: WorkerProcess, tmp_path: Path
 ) -> None:
