@@ -37,6 +37,7 @@ class ErrorKind(enum.StrEnum):
     CRASHED = "crashed"
     CODE_REFUSED = "code_refused"
     RESULT_REFUSED = "result_refused"
+    BUSY = "busy"
     ERROR = "error"
 
 

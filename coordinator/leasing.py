@@ -45,13 +45,16 @@ from .settings import CoordinatorSettings
 log = logging.getLogger(__name__)
 
 # Renew/release requests in flight at once over all nodes, and to any one node. A node serves
-# its requests one at a time, so a second batch in flight to it would only wait in its queue
-# while its request timeout runs; a wire round trip is small next to serving 10k ids.
+# one tenant's requests one at a time (and refuses more than a few dozen queued as busy), so
+# a second batch in flight to it would only wait in its queue while its request timeout runs.
 _MAX_IN_FLIGHT = 16
 _MAX_IN_FLIGHT_PER_NODE = 1
 # A pool that finds the fleet full asks one node anyway, at most this often: the denial
 # tells the nodes this tenant is waiting, which is what makes them free its fair share.
 _KNOCK_GAP_S = 0.5
+# The shortest lifetime the renewal period is reckoned from (clocks of nodes and coordinator
+# may disagree by a little: a lease is never renewed more often than every third of this).
+_MIN_RENEW_TTL_S = 1.5
 
 
 @attrs.define
@@ -183,9 +186,21 @@ class LeasePool:
 
     async def _renew_loop(self) -> None:
         while not self.closing:
-            await asyncio.sleep(self.settings.lease_ttl_s / 3)  # the renewal period itself
+            await asyncio.sleep(self.renew_period_s())  # the renewal period itself
             if not self.closing:
                 await self.renew()
+
+    def renew_period_s(self) -> float:
+        """A third of the lease lifetime: the one asked for, or less where a node capped it.
+
+        Nodes cut a TTL past their operator's cap (VRAMFABRIC_MAX_TTL_S), so a set that asked
+        for a day renews by what it was given, before its leases expire.
+        """
+        ttl_s = self.settings.lease_ttl_s
+        if self.leases:
+            left_s = min(lease.expires_at for lease in self.leases.values()) - time.time()
+            ttl_s = min(ttl_s, max(left_s, _MIN_RENEW_TTL_S))
+        return ttl_s / 3
 
     def batches(self, leases: Iterable[Lease] | None = None) -> list[tuple[str, tuple[str, ...]]]:
         """(node, lease ids) pairs covering every lease, at most MAX_LEASE_IDS ids each."""
@@ -213,7 +228,12 @@ class LeasePool:
                     self.leases.pop(lease_id, None)
                 if reply.revoked:
                     self.revoked += len(reply.revoked)
-                    log.info("leases revoked job=%s count=%d", self.job, len(reply.revoked))
+                    log.info(
+                        "leases revoked job=%s count=%d why=%s",
+                        self.job,
+                        len(reply.revoked),
+                        reply.reason or "not said",
+                    )
         self._note()
 
     async def release(self) -> int:

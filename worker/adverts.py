@@ -1,11 +1,11 @@
-"""Heartbeat: read GPU health, reap expired leases, then publish the node's advert."""
+"""Heartbeat: read GPU health, reap expired leases, take back leases, publish the advert."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -65,6 +65,8 @@ class Heartbeat:
     facts: Mapping[str, Any] = attrs.field(factory=dict)
     # Facts that change, read at each beat (the tenants this node saw waiting).
     live_facts: Callable[[], Mapping[str, Any]] = attrs.field(default=dict)
+    # Called on every beat before the advert: the fair share takes back leases others wait for.
+    reclaim: Callable[[], Awaitable[None]] | None = None
     # NVML's view of the real GPUs (None when simulated): read at most once per heartbeat_s.
     probe: NvmlProbe | None = attrs.field(
         default=attrs.Factory(lambda self: NvmlProbe.open(self.ledger.gpus), takes_self=True)
@@ -112,6 +114,8 @@ class Heartbeat:
         drained = await self._check_health()
         expired = self.ledger.reap(time.monotonic())
         self.on_beat(drained + expired)
+        if self.reclaim is not None:
+            await self.reclaim()
         if expired:
             log.info("leases expired node=%s count=%d", self.ledger.node, len(expired))
             await self._event("expired", expired[0].tenant, len(expired))

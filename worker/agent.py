@@ -27,9 +27,10 @@ from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
 from vramfabric.broker.objects import read_object
 from vramfabric.broker.settings import BrokerSettings
 
+from .advert_book import AdvertBook
 from .adverts import Heartbeat, node_facts
 from .calls import CallService
-from .fairness import AdvertBook, FleetShare
+from .fairness import FleetShare, ShareTiming
 from .gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
 from .lease_service import LeaseService
 from .ledger import SliceLedger
@@ -124,7 +125,7 @@ class Agent:
         policy = self._policy.load()
         shared = self.adverts is not None
         book = self.adverts if self.adverts is not None else AdvertBook(self.broker.node_ttl_s)
-        self.fair = FleetShare(self.ledger, policy, book, self.settings.waiting_ttl_s)
+        self.fair = FleetShare(self.ledger, policy, book, ShareTiming.of(self.settings))
         js = self.conn.js
         nodes_kv = await buckets.nodes_bucket(js, self.broker)
         self._runner = ChunkRunner(
@@ -146,7 +147,7 @@ class Agent:
             self.settings.heartbeat_s,
             on_beat=self._on_beat,
             facts=node_facts(self.settings, self.executors.containment),
-            live_facts=lambda: {"waiting": self.fair.own_waiting(time.monotonic())},
+            live_facts=lambda: self.fair.advert_facts(time.monotonic()),
         )
         self._service = service = LeaseService(
             subjects,
@@ -158,7 +159,10 @@ class Agent:
             fair=self.fair,
             on_waiting=self._heartbeat.poke,
             quota=await open_book(js, self.broker, self.ledger, policy),
+            queue_limit=self.settings.lease_queue,
         )
+        # Every heartbeat takes back what others wait for, whatever the leases' TTL.
+        self._heartbeat.reclaim = service.reclaim
         if not shared:
             # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
             self._adverts_sub = await self.conn.nc.subscribe(
@@ -350,6 +354,7 @@ class Agent:
         for sub in (self._sub, self._adverts_sub, self._calls_sub):
             if sub is not None:
                 await sub.unsubscribe()
+        await self._service.close()
         await self._calls.stop()
         # One snapshot: a puller leaves the map as soon as it stops pulling, chunks still running.
         pullers = list(self._pullers.values())

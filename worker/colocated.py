@@ -21,8 +21,8 @@ from nats.aio.subscription import Subscription
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.settings import BrokerSettings
 
+from .advert_book import AdvertBook
 from .agent import Agent
-from .fairness import AdvertBook
 from .metrics import WorkerMetrics
 from .settings import WorkerSettings
 

@@ -55,8 +55,9 @@ class SliceLedger:
     _device_free: dict[int, tuple[int, int]] = attrs.field(factory=dict, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
-    # Monotonic expiry per lease id.
+    # Monotonic expiry and grant time per lease id.
     _deadline: dict[str, float] = attrs.field(factory=dict, init=False)
+    _granted: dict[str, float] = attrs.field(factory=dict, init=False)
     # Leases whose slot runs a chunk now, and those of them already released or expired.
     _busy: set[str] = attrs.field(factory=set, init=False)
     _retiring: dict[str, Lease] = attrs.field(factory=dict, init=False)
@@ -97,6 +98,7 @@ class SliceLedger:
             )
             self._leases[lease.lease_id] = lease
             self._deadline[lease.lease_id] = now + ttl_s
+            self._granted[lease.lease_id] = now
             self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
             self._used[gpu] = self._used.get(gpu, 0) + need
             granted.append(lease)
@@ -181,6 +183,7 @@ class SliceLedger:
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.lease_id]
         del self._deadline[lease.lease_id]
+        del self._granted[lease.lease_id]
         ids_of_job = self._by_job[(lease.tenant, lease.job)]
         ids_of_job.discard(lease.lease_id)
         if not ids_of_job:
@@ -203,6 +206,11 @@ class SliceLedger:
         """Whether the lease is held and not past its (monotonic) expiry."""
         deadline = self._deadline.get(lease_id)
         return deadline is not None and now < deadline
+
+    def held_for(self, lease_id: str, now: float) -> float:
+        """How long (monotonic seconds) the lease has been held; 0 if it is not."""
+        granted = self._granted.get(lease_id)
+        return 0.0 if granted is None else now - granted
 
     def is_busy(self, lease_id: str) -> bool:
         """Whether the lease's slot runs a chunk now."""

@@ -45,8 +45,8 @@ QUOTA = "quota"
 CLOCK_MARGIN_S = 1.0
 # A compare-and-set conflict means another node wrote the tenant's key since we read it:
 # progress, not a failure, so we read it again at once, with no pause (not CallRetry, whose
-# pauses are for an unreachable server). Bounded, since a node serves its lease requests one
-# at a time; each round loses only to a write of another node.
+# pauses are for an unreachable server). Bounded, since a node serves one tenant's lease
+# requests one at a time (under its lock); each round loses only to a write of another node.
 CAS_ROUNDS = 16
 
 # What a write means to do, given the key's value and the wall clock: this node's new

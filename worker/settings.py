@@ -42,7 +42,8 @@ class WorkerSettings:
     simulate: str | None = None
     slice_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.gt(0))
     heartbeat_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
-    max_ttl_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
+    # The longest lease lifetime granted or renewed to (operator's cap; longer asks are cut).
+    max_ttl_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0))
     drain_grace_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0))
     pull_expires_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(1.0))
     max_inflight: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
@@ -62,6 +63,13 @@ class WorkerSettings:
     tenants_file: str | None = None
     # A tenant this node could not serve in full counts as waiting for this long.
     waiting_ttl_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    # Under contention, a tenant above its share by less than a slice keeps a slice this long
+    # before its turn passes to a waiting tenant (worker/fairness.py).
+    turn_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    # Recent service, which orders waiting tenants, halves in this time (worker/served.py).
+    service_halflife_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    # Lease requests of one tenant queued or in service on a node; more are refused as busy.
+    lease_queue: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     metrics_port: int | None = None
     # Loopback unless told otherwise (a container's scraper needs 0.0.0.0).
     metrics_addr: str = "127.0.0.1"
@@ -98,10 +106,13 @@ class WorkerSettings:
             kwargs["metrics_port"] = env_int(environ, "VRAMFABRIC_METRICS_PORT", 0)
         return cls(
             heartbeat_s=env_float(environ, "VRAMFABRIC_HEARTBEAT_S", 1.0),
-            max_ttl_s=env_float(environ, "VRAMFABRIC_MAX_TTL_S", 3600.0),
+            max_ttl_s=env_float(environ, "VRAMFABRIC_MAX_TTL_S", 600.0),
             drain_grace_s=env_float(environ, "VRAMFABRIC_DRAIN_GRACE_S", 10.0),
             chunk_timeout_s=env_float(environ, "VRAMFABRIC_CHUNK_TIMEOUT_S", 3600.0),
             waiting_ttl_s=env_float(environ, "VRAMFABRIC_WAITING_TTL_S", 10.0),
+            turn_s=env_float(environ, "VRAMFABRIC_TURN_S", 30.0),
+            service_halflife_s=env_float(environ, "VRAMFABRIC_SERVICE_HALFLIFE_S", 60.0),
+            lease_queue=env_int(environ, "VRAMFABRIC_LEASE_QUEUE", 64),
             max_executors_per_gpu=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS_PER_GPU", 8),
             max_executors=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS", 32),
             executor_starts=env_int(environ, "VRAMFABRIC_EXECUTOR_STARTS", cpu_count()),

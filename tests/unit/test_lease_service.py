@@ -1,18 +1,20 @@
-"""The lease service never raises on hostile payloads and changes nothing for them."""
+"""The lease service: hostile payloads never raise and change nothing; unanswerable refused."""
 
 from __future__ import annotations
 
 import asyncio
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 from vramfabric.broker import Subjects, encode
-from vramfabric.broker.messages import LeaseRequest
+from vramfabric.broker.messages import LeaseGrant, LeaseRequest
 from vramfabric.broker.tenants import TenantPolicy
-from vramfabric.worker.fairness import AdvertBook, FleetShare
+from vramfabric.worker.advert_book import AdvertBook
+from vramfabric.worker.fairness import FleetShare, ShareTiming
 from vramfabric.worker.gpus import GpuSpec
 from vramfabric.worker.lease_service import LeaseService
 from vramfabric.worker.ledger import SliceLedger
@@ -48,18 +50,19 @@ def service() -> tuple[LeaseService, SliceLedger, WorkerMetrics, list[str]]:
     async def publish(subject: str, _data: bytes) -> None:
         events.append(subject)
 
-    fair = FleetShare(ledger, TenantPolicy(), AdvertBook(node_ttl_s=5.0), waiting_ttl_s=5.0)
+    timing = ShareTiming(waiting_ttl_s=5.0)
+    fair = FleetShare(ledger, TenantPolicy(), AdvertBook(node_ttl_s=5.0), timing)
     svc = LeaseService(
         SUBJECTS, "n1", ledger, metrics, lambda _t, _j: None, publish=publish, fair=fair
     )
     return svc, ledger, metrics, events
 
 
-def request(op: str, data: bytes) -> Msg:
-    """A lease request with no reply subject, as the service's handler receives it."""
+def request(op: str, data: bytes, reply: str = "") -> Msg:
+    """A lease request as the service's handler receives it (no reply subject by default)."""
     subject = SUBJECTS.lease("t1", "n1", op)
     # nats-py types the client as required; with no reply subject nothing calls it.
-    return Msg(_client=None, subject=subject, data=data)  # type: ignore[arg-type]
+    return Msg(_client=None, subject=subject, data=data, reply=reply)  # type: ignore[arg-type]
 
 
 @settings(max_examples=300, deadline=None)
@@ -71,7 +74,7 @@ def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
     svc, ledger, metrics, _events = service()
     msg = request(op, payload)
     # When a hostile payload arrives
-    asyncio.run(svc.handle(msg))
+    asyncio.run(svc.answer(msg.subject, msg.data))
     # Then it was either a valid request, or it was counted as invalid and changed nothing
     counted = metrics.value("invalid_messages_total", subject=f"lease.{op}")
     served = metrics.value("gpu_lease_requests_total", op=op, outcome="ok") + metrics.value(
@@ -84,12 +87,30 @@ def test_hostile_payload_never_raises_and_grants_nothing_unless_valid(
 
 def test_a_valid_request_still_grants_after_garbage() -> None:
     # Given a node that has seen garbage
-    svc, ledger, _metrics, events = service()
-    asyncio.run(svc.handle(request("acquire", b"\xc1")))
+    svc, ledger, _metrics, _events = service()
+    asyncio.run(svc.answer(SUBJECTS.lease("t1", "n1", "acquire"), b"\xc1"))
     # When a valid request follows
     req = LeaseRequest(request_id="r1", job="j", count=3, slice_bytes=GIB, ttl_s=5)
-    msg = request("acquire", encode(req))
-    asyncio.run(svc.handle(msg))
-    # Then it is granted, and a granted event is published
-    assert len(ledger) == 3
-    assert events == [SUBJECTS.event("granted")]
+    reply, tenant, outcome = asyncio.run(
+        svc.answer(SUBJECTS.lease("t1", "n1", "acquire"), encode(req))
+    )
+    # Then it is granted to the subject's tenant
+    assert len(ledger) == 3 and (tenant, outcome) == ("t1", "ok")
+    assert isinstance(reply, LeaseGrant) and len(reply.leases) == 3
+
+
+@pytest.mark.parametrize("reply", ["", "vf.lease.t2.n1.acquire", "elsewhere"])
+def test_a_request_without_an_inbox_to_answer_is_refused_and_changes_nothing(reply: str) -> None:
+    # Given a serving node
+    svc, ledger, metrics, events = service()
+    req = LeaseRequest(request_id="r1", job="j", count=3, slice_bytes=GIB, ttl_s=5)
+
+    async def ask() -> None:
+        await svc.handle(request("acquire", encode(req), reply=reply))
+        await svc.close()
+
+    # When a valid acquire arrives with no reply subject, or one that is not an inbox
+    asyncio.run(ask())
+    # Then nothing is granted or published, and it is counted as refused
+    assert len(ledger) == 0 and events == []
+    assert metrics.value("invalid_messages_total", subject="lease.reply") == 1

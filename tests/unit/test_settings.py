@@ -101,7 +101,8 @@ def test_worker_defaults_from_an_empty_environment() -> None:
     s = WorkerSettings.from_env({})
     assert s.simulate is None
     assert s.slice_bytes == 512 * 2**20
-    assert (s.heartbeat_s, s.max_ttl_s, s.drain_grace_s) == (1.0, 3600.0, 10.0)
+    assert (s.heartbeat_s, s.max_ttl_s, s.drain_grace_s) == (1.0, 600.0, 10.0)
+    assert (s.turn_s, s.service_halflife_s, s.lease_queue) == (30.0, 60.0, 64)
     assert s.metrics_port is None
     assert token(s.node) == s.node
 
@@ -119,8 +120,12 @@ def test_worker_overrides() -> None:
         "VRAMFABRIC_HEARTBEAT_S": "0.25",
         "VRAMFABRIC_MAX_TTL_S": "120",
         "VRAMFABRIC_DRAIN_GRACE_S": "0",
+        "VRAMFABRIC_TURN_S": "5",
+        "VRAMFABRIC_SERVICE_HALFLIFE_S": "20",
+        "VRAMFABRIC_LEASE_QUEUE": "8",
     }
     s = WorkerSettings.from_env(env)
+    assert (s.turn_s, s.service_halflife_s, s.lease_queue) == (5.0, 20.0, 8)
     assert (s.node, s.simulate, s.slice_bytes, s.metrics_port) == (
         "gpu-box-1",
         "4x48GiB",
