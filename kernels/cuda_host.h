@@ -9,7 +9,9 @@
 // and read each byte of `in`, `out` and shared memory: races and reads of shared memory
 // before any write are reported where they happen (cuda_host_check.h).
 // Parts: cuda_host_types.h (vector types, __half), cuda_host_math.h (intrinsics, atomics),
-// cuda_host_run.h (fibers, the block scheduler, warps, faults, the launch).
+// cuda_host_run.h (the block scheduler and the launch) with cuda_host_state.h (fibers,
+// guarded memory, shared memory's poison), cuda_host_warps.h (barriers, warp intrinsics) and
+// cuda_host_faults.h (printf, assert, signals).
 #pragma once
 #include <algorithm>
 #include <cassert>

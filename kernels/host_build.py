@@ -36,6 +36,9 @@ HEADERS = (
     "cuda_host.h",
     "cuda_host_types.h",
     "cuda_host_math.h",
+    "cuda_host_state.h",
+    "cuda_host_warps.h",
+    "cuda_host_faults.h",
     "cuda_host_run.h",
     "cuda_host_check.h",
 )
