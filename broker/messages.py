@@ -76,7 +76,9 @@ class NodeAdvert:
     # `major.minor` of the worker's Python, and whether it runs Python callables.
     python: str = ""
     allow_code: bool = False
-    # Leases held per job, keyed `<tenant>.<job>` (as in the jobs bucket).
+    # Leases held per job, keyed `<tenant>.<job>`: no longer sent (every tenant reads adverts,
+    # and a job id is its tenant's alone; a tenant asks a node with HeldRequest). Kept so that
+    # an older worker's advert still decodes.
     jobs: Mapping[str, int] = attrs.field(factory=dict)
     # Tenants this node lately could not give all they asked for (see docs/protocol.md).
     waiting: tuple[str, ...] = ()
@@ -93,6 +95,8 @@ class NodeAdvert:
     # Recent service per tenant on this node (decayed byte-seconds, worker/served.py): who
     # served least lately comes first when tenants outnumber slices.
     served: Mapping[str, float] = attrs.field(factory=dict)
+    # Leases held per tenant on this node (counted like `tenants`).
+    leases: Mapping[str, int] = attrs.field(factory=dict)
 
     @property
     def simulated(self) -> bool:
@@ -185,6 +189,21 @@ class ReleaseReply:
 
     released: tuple[str, ...]
     unknown: tuple[str, ...] = ()
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class HeldRequest:
+    """Ask one node for the asking tenant's leases there, by job (the tenant is the subject's)."""
+
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class HeldReply:
+    """The asking tenant's leases on one node, counted per job id."""
+
+    jobs: Mapping[str, int]
     v: int = PROTOCOL_VERSION
 
 

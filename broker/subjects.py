@@ -22,7 +22,7 @@ _INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 
-LEASE_OPS = ("acquire", "renew", "release")
+LEASE_OPS = ("acquire", "renew", "release", "held")
 
 # Leases held for interactive calls (`fabric.gpu()`) carry a job name with this prefix: no
 # job, consumer or spec exists for them, so nodes start no puller.
@@ -64,7 +64,7 @@ class Subjects:
         return f"{self.prefix}.node.*.advert"
 
     def lease(self, tenant: str, node: str, op: str) -> str:
-        """Request subject of a lease operation (`acquire`, `renew`, `release`) on one node."""
+        """Request subject of a lease operation (`acquire`, `renew`, `release`, `held`) on a node."""
         if op not in LEASE_OPS:
             raise ValueError(f"unknown lease op {op!r}; expected one of {LEASE_OPS}")
         return f"{self.prefix}.lease.{token(tenant, 'tenant')}.{token(node, 'node')}.{op}"

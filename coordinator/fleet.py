@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 import attrs
 import nats.js.errors
@@ -19,10 +20,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from vramfabric.broker import buckets
-from vramfabric.broker.codec import decode
+from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, from_nats, nats_errors
-from vramfabric.broker.messages import NodeAdvert
+from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats, nats_errors
+from vramfabric.broker.messages import HeldReply, HeldRequest, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 from .metrics import CoordinatorMetrics
@@ -130,4 +131,42 @@ async def stored_adverts(conn: Connection, broker: BrokerSettings) -> dict[str, 
                 continue
         if entry.value:
             out[key] = entry.value
+    return out
+
+
+# Nodes asked at once for a tenant's leases (`held_by_job`).
+_HELD_IN_FLIGHT = 32
+
+
+async def held_by_job(
+    conn: Connection, broker: BrokerSettings, tenants: Iterable[str], nodes: Iterable[str]
+) -> dict[str, int]:
+    """Leases per `<tenant>.<job>` on `nodes`, as each node tells each of `tenants` its own.
+
+    Adverts carry no job ids (every tenant reads them): a tenant asks the nodes for its own
+    leases with the lease op `held`, which only it (and the operator) may send. A node that
+    does not answer is left out (logged).
+    """
+    gate = asyncio.Semaphore(_HELD_IN_FLIGHT)
+
+    async def ask(tenant: str, node: str) -> dict[str, int]:
+        subject = broker.subjects.lease(tenant, node, "held")
+        async with gate:
+            try:
+                with nats_errors():
+                    msg = await conn.nc.request(
+                        subject, encode(HeldRequest()), timeout=broker.request_timeout_s
+                    )
+                jobs = decode(HeldReply, msg.data).jobs
+            except VramfabricError as exc:  # logged: that node's leases are left out
+                log.warning("held leases not read node=%s tenant=%s error=%s", node, tenant, exc)
+                return {}
+        return {f"{tenant}.{job}": n for job, n in jobs.items()}
+
+    node_list = list(nodes)
+    pairs = [(tenant, node) for tenant in tenants for node in node_list]
+    out: dict[str, int] = {}
+    for held in await asyncio.gather(*(ask(tenant, node) for tenant, node in pairs)):
+        for key, n in held.items():
+            out[key] = out.get(key, 0) + n
     return out

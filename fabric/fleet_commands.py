@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from vramfabric.coordinator import joblist, lifecycle
 from vramfabric.coordinator.collect import housekeep
 from vramfabric.coordinator.driver import ORPHANED
 from vramfabric.coordinator.failures import DEFAULT_FAILURES, Failures, read_failures
-from vramfabric.coordinator.fleet import stored_adverts
+from vramfabric.coordinator.fleet import held_by_job, stored_adverts
 from vramfabric.coordinator.settings import CoordinatorSettings
 
 from .exits import (
@@ -45,8 +46,14 @@ T = TypeVar("T")
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
-    adverts = asyncio.run(_adverts(BrokerSettings.from_env()))
+    adverts, held = asyncio.run(_adverts(BrokerSettings.from_env()))
     status = status_dict(adverts)
+    # Adverts carry no job ids: the caller's own jobs' leases come from the nodes (`held`).
+    by_tenant = Counter[str]()
+    for a in adverts:
+        by_tenant.update(a.leases)
+    status.update(leases=sum(by_tenant.values()), leases_by_tenant=dict(by_tenant))
+    status["leases_by_job"] = held
     policy = tenants.load_policy(args.tenants) if args.tenants else tenants.TenantPolicy()
     status["tenants"] = tenant_rows(adverts, policy)
     if args.json:
@@ -177,19 +184,29 @@ def tenant_rows(adverts: list[NodeAdvert], policy: tenants.TenantPolicy) -> list
     ]
 
 
-async def _adverts(broker: BrokerSettings) -> list[NodeAdvert]:
+async def _adverts(broker: BrokerSettings) -> tuple[list[NodeAdvert], dict[str, int]]:
+    """The live nodes' adverts, and the leases per `<tenant>.<job>` the caller may see.
+
+    A tenant (auth on) sees its own jobs' only; the operator, or anyone without auth, every
+    tenant's.
+    """
     conn = await connect(broker, name="status")
     try:
         stored = await stored_adverts(conn, broker)
+        out = []
+        for node, data in sorted(stored.items()):
+            try:
+                out.append(decode(NodeAdvert, data))
+            except InvalidMessage as exc:  # counted out, as coordinators do: the rest show
+                log.warning("bad advert ignored node=%s error=%s", node, exc)
+        holding = sorted({t for a in out for t, n in a.leases.items() if n})
+        if broker.in_tenant_account:
+            own = CoordinatorSettings.from_env().tenant
+            holding = [own] if own in holding else []
+        held = await held_by_job(conn, broker, holding, [a.node for a in out])
     finally:
         await conn.close()
-    out = []
-    for node, data in sorted(stored.items()):
-        try:
-            out.append(decode(NodeAdvert, data))
-        except InvalidMessage as exc:  # counted out, as coordinators do: the rest still show
-            log.warning("bad advert ignored node=%s error=%s", node, exc)
-    return out
+    return out, held
 
 
 def add_job_commands(sub: Any) -> None:

@@ -1,11 +1,11 @@
-"""Lease request handlers: acquire, renew and release on `vf.lease.*.<node>.*`.
+"""Lease request handlers: acquire, renew, release and held on `vf.lease.*.<node>.*`.
 
 The tenant comes from the subject (the server's permissions guard it), never the payload.
 Every request gets a reply: the answer, or an ErrorReply saying what was wrong with it. A
 request with no reply subject, or one that is not an inbox, is refused unanswered. Each
-tenant's requests wait in a bounded queue of their own (worker/lease_queues.py); one past
+tenant's requests wait in a bounded queue of their own (worker/lease_intake.py); one past
 the bound is refused at once as `busy`, so a tenant's flood delays others by about one of
-its requests. A tenant with a quota is served under its QuotaBook lock: the reservation in
+its requests. `held` tells a tenant its own leases here by job (adverts carry no job ids). A tenant with a quota is served under its QuotaBook lock: the reservation in
 KV comes first, the ledger change after it, so no node grants past the reservation it wrote.
 The fair share takes leases back at renewals and, through `reclaim`, at every heartbeat.
 """
@@ -15,18 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Callable
 
 import attrs
-import nats.errors
 from nats.aio.msg import Msg
 
 from vramfabric.broker.codec import decode, encode
-from vramfabric.broker.errors import ErrorKind, InvalidMessage, LeaseDenied, VramfabricError
+from vramfabric.broker.errors import InvalidMessage, LeaseDenied, VramfabricError
 from vramfabric.broker.messages import (
-    MAX_LEASE_IDS,
     ErrorReply,
     Event,
+    HeldReply,
+    HeldRequest,
     Lease,
     LeaseGrant,
     LeaseRequest,
@@ -39,7 +40,7 @@ from vramfabric.broker.messages import (
 from vramfabric.broker.subjects import Subjects
 
 from .fairness import FleetShare
-from .lease_queues import TenantQueues
+from .lease_intake import QUEUE_LIMIT, LeaseIntake, Publish, Reply
 from .ledger import SliceLedger
 from .metrics import WorkerMetrics
 from .quota import QUOTA, QuotaBook
@@ -49,14 +50,6 @@ log = logging.getLogger(__name__)
 
 # Called after the ledger changed for (tenant, job), e.g. to start or resize a puller.
 OnChange = Callable[[str, str], None]
-# Core NATS publish, for events.
-Publish = Callable[[str, bytes], Awaitable[None]]
-Reply = LeaseGrant | RenewReply | ReleaseReply | ErrorReply
-# A tenant's lease requests queued or in service on one node, unless told otherwise.
-QUEUE_LIMIT = 64
-# A lease request payload over this is refused unread: a batch of MAX_LEASE_IDS ids of
-# 100 characters each fits (the coordinator's are 14 to 17).
-MAX_REQUEST_BYTES = 32 * 1024
 
 
 @attrs.define
@@ -75,66 +68,23 @@ class LeaseService:
     # Strict quotas; None only where no tenant has one (a tenant with one is then denied).
     quota: QuotaBook | None = None
     queue_limit: int = QUEUE_LIMIT
-    _queues: TenantQueues = attrs.field(init=False)
+    _intake: LeaseIntake = attrs.field(init=False)
     _revoked: Revoked = attrs.field(factory=Revoked, init=False)
     _settling: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._queues = TenantQueues(self.queue_limit, self._serve_msg)
+        self._intake = LeaseIntake(
+            self.subjects, self.node, self.metrics, self.answer, self.publish, self.queue_limit
+        )
 
     async def handle(self, msg: Msg) -> None:
-        """Queue one request under its tenant, or refuse it at once (the subscription callback)."""
-        if not msg.reply or not self.subjects.is_inbox(msg.reply):
-            # No one to answer; and answering a non-inbox would publish, with this agent's
-            # rights, where the asker chose.
-            self.metrics.invalid("lease.reply")
-            log.debug("lease request refused: reply %r is not an inbox", msg.reply)
-            return
-        try:
-            tenant, _node, op = self.subjects.parse_lease(msg.subject)
-        except ValueError as exc:
-            await self._serve_msg("", msg)  # answered as invalid, at once
-            log.debug("unparsed lease subject=%s error=%s", msg.subject, exc)
-            return
-        if len(msg.data) > MAX_REQUEST_BYTES:
-            self.metrics.invalid(f"lease.{op}")
-            why = (
-                f"invalid lease request: payload of {len(msg.data)} bytes exceeds "
-                f"{MAX_REQUEST_BYTES} (at most {MAX_LEASE_IDS} lease ids a request)"
-            )
-            await self._respond(msg, ErrorReply(kind=ErrorKind.INVALID_MESSAGE, error=why))
-            return
-        if not self._queues.offer(tenant, msg):
-            self.metrics.lease_requests_total.labels(tenant=tenant, op=op, outcome="busy").inc()
-            why = (
-                f"busy: node {self.node} is serving {self.queue_limit} lease requests of "
-                f"tenant {tenant} already; retry when some are answered"
-            )
-            await self._respond(msg, ErrorReply(kind=ErrorKind.BUSY, error=why))
+        """The lease subscription's callback: queue the request, or refuse it at once."""
+        await self._intake.handle(msg)
 
     async def close(self) -> None:
         """Stop serving: queued requests are dropped (their askers time out)."""
-        await self._queues.close()
+        await self._intake.close()
         await asyncio.gather(*self._settling, return_exceptions=True)
-
-    async def _serve_msg(self, _tenant: str, msg: Msg) -> None:
-        reply, tenant, outcome = await self.answer(msg.subject, msg.data)
-        await self._respond(msg, reply)
-        event = _event_of(reply, self.node, tenant if outcome == "ok" else "")
-        if event is not None:
-            await self._send(self.subjects.event(event.kind), encode(event))
-
-    async def _respond(self, msg: Msg, reply: Reply) -> None:
-        try:
-            await msg.respond(encode(reply))
-        except nats.errors.Error as exc:  # the asker times out; nothing changes here
-            log.warning("lease reply not sent subject=%s error=%s", msg.subject, exc)
-
-    async def _send(self, subject: str, data: bytes) -> None:
-        try:
-            await self.publish(subject, data)
-        except nats.errors.Error as exc:  # an event for observers only: lost, logged
-            log.debug("lease event not sent subject=%s error=%s", subject, exc)
 
     async def answer(self, subject: str, data: bytes) -> tuple[Reply, str, str]:
         """Serve one request: its reply, tenant and outcome (a bad one changes nothing)."""
@@ -166,7 +116,7 @@ class LeaseService:
 
     async def _serve(
         self, tenant: str, op: str, data: bytes
-    ) -> LeaseGrant | RenewReply | ReleaseReply:
+    ) -> LeaseGrant | RenewReply | ReleaseReply | HeldReply:
         # Expiry runs on the monotonic clock; the wall clock dates `expires_at` and quotas.
         now, wall = time.monotonic(), time.time()
         if op == "acquire":
@@ -177,6 +127,10 @@ class LeaseService:
                 return await self._acquire_strict(tenant, req)
         if op == "renew":
             return await self._renew(tenant, decode(RenewRequest, data), now, wall)
+        if op == "held":
+            decode(HeldRequest, data)
+            held = Counter(x.job for x in self.ledger.holding() if x.tenant == tenant)
+            return HeldReply(jobs=dict(held))
         ids = decode(ReleaseRequest, data).lease_ids
         if not self._strict(tenant):
             return self._release(ids, tenant)
@@ -309,7 +263,7 @@ class LeaseService:
                 event = Event(
                     "revoked", node=self.node, tenant=tenant, count=len(ids), at=time.time()
                 )
-                await self._send(self.subjects.event(event.kind), encode(event))
+                await self._intake.send(self.subjects.event(event.kind), encode(event))
 
     def _take_back(self, tenant: str, lease_ids: list[str], why: str) -> None:
         """End leases for the fair share, remembering why for their holder's next renewal."""
@@ -336,14 +290,3 @@ class LeaseService:
         for lease_tenant, job in jobs:
             self.on_change(lease_tenant, job)
         return reply
-
-
-def _event_of(reply: object, node: str, tenant: str) -> Event | None:
-    """The `granted`/`released` event for observers, if the reply changed the ledger."""
-    now = time.time()
-    if isinstance(reply, LeaseGrant) and reply.leases:
-        job = reply.leases[0].job
-        return Event("granted", node=node, tenant=tenant, job=job, count=len(reply.leases), at=now)
-    if isinstance(reply, ReleaseReply) and reply.released:
-        return Event("released", node=node, tenant=tenant, count=len(reply.released), at=now)
-    return None

@@ -278,12 +278,12 @@ class SliceLedger:
         return len(self._leases)
 
     def advert(self, now: float) -> NodeAdvert:
-        """The node's advert: per-GPU free and leased bytes and per-tenant usage."""
+        """The node's advert: per-GPU free and leased bytes, per-tenant usage; no job ids."""
         tenants: Counter[str] = Counter()
-        jobs: Counter[str] = Counter()
+        leases: Counter[str] = Counter()
         for lease in self.holding():
             tenants[lease.tenant] += lease.slice_bytes
-            jobs[f"{lease.tenant}.{lease.job}"] += 1
+            leases[lease.tenant] += 1
         gpus = tuple(
             GpuState(
                 index=g.index,
@@ -298,5 +298,5 @@ class SliceLedger:
             for g in self.gpus
         )
         return NodeAdvert(
-            node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now, jobs=dict(jobs)
+            node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now, leases=dict(leases)
         )

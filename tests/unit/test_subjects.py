@@ -161,8 +161,8 @@ def test_lease_with_unknown_op_raises() -> None:
         Subjects().lease("acme", "n1", "steal")
 
 
-def test_lease_ops_are_acquire_renew_release() -> None:
-    assert LEASE_OPS == ("acquire", "renew", "release")
+def test_lease_ops_are_acquire_renew_release_held() -> None:
+    assert LEASE_OPS == ("acquire", "renew", "release", "held")
 
 
 @pytest.mark.parametrize(
