@@ -4,7 +4,7 @@ One embedded fabric with auth on, two worker processes and two tenants: `alpha` 
 releases a slice on each node in turn (a request-reply each, timed) and runs a job, first
 in a quiet fabric, then while `beta` (a process of its own, tests/lease_flood.py, logged in
 with its own password) keeps 600 renewals in flight over both nodes: batches of the most
-ids a request may carry (1,000), then garbage of 200 KiB each (refused unread). One JSON line.
+ids a request may carry (250), then garbage of 200 KiB each (refused unread). One JSON line.
 
     python bench/lease_flood.py                  # 100 lease rounds, a 400-chunk job per phase
     python bench/lease_flood.py --rounds 200 --n 1000
@@ -34,7 +34,13 @@ import nats.errors
 
 from tests import lease_flood
 from vramfabric.broker.codec import decode, encode
-from vramfabric.broker.messages import LeaseGrant, LeaseRequest, ReleaseReply, ReleaseRequest
+from vramfabric.broker.messages import (
+    MAX_LEASE_IDS,
+    LeaseGrant,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+)
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
@@ -44,7 +50,11 @@ ALPHA, BETA = "alpha", "beta"
 GIB = 2**30
 IN_FLIGHT = 600
 # (phase, ids per renewal, garbage bytes per request)
-PHASES = (("quiet", 0, 0), ("renew_flood", 1000, 0), ("oversized_flood", 0, 200 * 1024))
+PHASES = (
+    ("quiet", 0, 0),
+    ("renew_flood", MAX_LEASE_IDS, 0),
+    ("oversized_flood", 0, 200 * 1024),
+)
 
 
 async def lease_rounds(fabric: Fabric, nodes: list[str], rounds: int) -> dict[str, Any]:
