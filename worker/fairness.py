@@ -227,9 +227,13 @@ class FleetShare:
 
         This node's part of the tenant's whole slices over its share; or, when it is above
         its share by less than a slice and a waiting tenant stands before it, one lease held
-        for a turn, from the node holding most of the tenant's (one node, not each).
+        for a turn, from the node holding most of the tenant's (one node, not each). Nothing
+        while a lease of the tenant's here has ended but its work still holds the VRAM: it
+        counts as held until then, and taking more for it would take the excess twice.
         """
         if not leases or now - self._took_back.get(tenant, -1e18) < self.timing.settle_s:
+            return [], ""
+        if sum(1 for x in self.ledger.holding() if x.tenant == tenant) > len(leases):
             return [], ""
         view = self._contended(tenant, now)
         if view is None:

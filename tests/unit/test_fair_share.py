@@ -125,6 +125,23 @@ def test_nodes_take_back_a_hoarders_excess_between_them_whatever_its_ttl() -> No
     assert taken == [2, 2]
 
 
+def test_leases_taken_back_while_their_work_runs_are_not_taken_back_twice() -> None:
+    # Given a node of 4 slices whose leases all run chunks, held by one tenant, and another
+    # tenant waiting (shares of 2 slices)
+    share = node("n1")
+    assert grant(share, "hog", 4, 0.0, "h") == 4
+    for lease in share.ledger.holding():
+        share.ledger.occupy(lease.lease_id)
+    share.note_waiting("late", 0.0)
+    # When the node takes back the excess (2), and later looks again while those 2 still run
+    ids, _why = share.to_revoke("hog", share.ledger.holding(), 0.0)
+    share.ledger.release(ids, "hog")
+    live = [x for x in share.ledger.holding() if share.ledger.get(x.lease_id)]
+    later = share.to_revoke("hog", live, 5.0)
+    # Then the first time takes 2, and the second nothing (the 2 still count as held)
+    assert len(ids) == 2 and later == ([], "")
+
+
 def test_a_tenant_over_its_share_by_less_than_a_slice_gives_it_back_after_its_turn() -> None:
     # Given 2 slices, held by two tenants, and a third waiting (shares of 2/3 slice)
     share = node("n1", slices=2)
