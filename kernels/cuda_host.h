@@ -39,7 +39,7 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))  // allowed among decl-specifiers
 #define __grid_constant__
 // One block at a time per OS thread: a static is that block's shared memory. The build
 // registers each one (VF_SHARED) so that it is poisoned at every block's start.

@@ -179,10 +179,12 @@ inline int launch(void (*entry)(P...), const unsigned* grid, const unsigned* blo
   r.report_bytes = text_bytes;
   r.flags = flags;
   r.sequential = !(flags & F_FIBERS);
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&vf::kernel_printf), &info) != 0) {
-    r.base = reinterpret_cast<uintptr_t>(info.dli_fbase);
-  }
+  static const uintptr_t base = [] {
+    Dl_info info{};
+    bool found = dladdr(reinterpret_cast<void*>(&vf::kernel_printf), &info) != 0;
+    return found ? reinterpret_cast<uintptr_t>(info.dli_fbase) : uintptr_t(0);
+  }();
+  r.base = base;
   r.in_lo = reinterpret_cast<uintptr_t>(buffers.in);
   r.in_hi = r.in_lo + buffers.in_bytes;
   r.out_lo = reinterpret_cast<uintptr_t>(buffers.out);
@@ -208,7 +210,9 @@ inline int launch(void (*entry)(P...), const unsigned* grid, const unsigned* blo
   dynamic_shared = shared;
   arm_signals();
   int status = 0;
-  if (sigsetjmp(r.jump, 1) != 0) {
+  // No signal mask to restore (SA_NODEFER: a fault's signal is not blocked in its handler),
+  // so no sigprocmask system call per launch.
+  if (sigsetjmp(r.jump, 0) != 0) {
     status = 2;  // a fault: reported by the handler
   } else {
     r.armed = true;

@@ -225,8 +225,9 @@ void begin_launch();
 void end_launch();
 }  // namespace chk
 #endif
-inline void register_shared(void* p, size_t n, const char* name) {
-  auto* bytes = static_cast<unsigned char*>(p);
+inline void register_shared(const volatile void* p, size_t n, const char* name) {
+  // volatile __shared__ variables too: their bytes are poisoned like any others.
+  auto* bytes = static_cast<unsigned char*>(const_cast<void*>(p));
   for (unsigned i = 0; i < shared_count; ++i) {
     if (shared_vars[i].p == bytes) return;
   }
@@ -239,7 +240,7 @@ inline void register_shared(void* p, size_t n, const char* name) {
 #endif
 }
 struct SharedReg {
-  SharedReg(void* p, size_t n, const char* name) { register_shared(p, n, name); }
+  SharedReg(const volatile void* p, size_t n, const char* name) { register_shared(p, n, name); }
 };
 #define VF_SHARED(name) static thread_local vf::SharedReg vf_shared_##name(&name, sizeof(name), #name);
 

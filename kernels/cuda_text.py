@@ -96,6 +96,7 @@ class SharedDecl:
     dynamic: bool  # extern __shared__ T name[];
     start: int  # offset of the statement's first token
     element_type: str  # for a dynamic one: T
+    shared_at: int = 0  # offset of the `__shared__` keyword
 
 
 def shared_declarations(code: str) -> list[SharedDecl]:
@@ -117,7 +118,10 @@ def shared_declarations(code: str) -> list[SharedDecl]:
             typed = re.match(r"\s*(.*?)\s*([A-Za-z_]\w*)\s*\[\s*\]\s*$", head, re.DOTALL)
             element = " ".join(typed[1].split()) if typed else ""
         if names:
-            found.append(SharedDecl(end, names, scope[match.start()] == 0, dynamic, start, element))
+            file_scope = scope[match.start()] == 0
+            found.append(
+                SharedDecl(end, names, file_scope, dynamic, start, element, match.start())
+            )
     return found
 
 

@@ -19,6 +19,7 @@ from .cuda_compile import KernelCompileError
 from .cuda_text import SharedDecl, code_only, shared_declarations
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_STATIC = re.compile(r"\bstatic\b")
 _MANGLED = re.compile(r"_Z\w+")
 # A kernel that calls any of these runs every thread as a fiber of its own.
 _FIBER_WORDS = re.compile(
@@ -102,12 +103,19 @@ def _rewrite(source: str, declarations: list[SharedDecl]) -> tuple[str, list[str
             else:
                 pieces.append(f"{element}* const {name} = {pointer};{kept_lines}")
         else:
-            pieces.append(source[last : d.end])
+            # `static __shared__` would be `static static thread_local`: the macro says static.
+            pieces.append(source[last : d.start])
+            pieces.append(_STATIC.sub(_blank, source[d.start : d.shared_at]))
+            pieces.append(source[d.shared_at : d.end])
             if not d.file_scope:
                 pieces.append("".join(f" VF_SHARED({n})" for n in d.names))
         last = d.end
     pieces.append(source[last:])
     return "".join(pieces), macros
+
+
+def _blank(match: re.Match[str]) -> str:
+    return " " * len(match[0])
 
 
 def entry_expression(name: str, entry: str) -> str:

@@ -162,6 +162,19 @@ extern "C" __global__ void warp_stats(const float* x, float* out) {
 }
 """
 
+SHARED_STYLES = r"""
+extern "C" __global__ void shared_styles(const float* x, float* out) {
+  static __shared__ __align__(16) float a[64], b[64];
+  volatile __shared__ int flag;
+  unsigned t = threadIdx.x;
+  a[t] = x[t];
+  b[t] = 2.0f * x[t];
+  if (t == 0) flag = 1;
+  __syncthreads();
+  out[t] = a[63 - t] + b[t] + (float)flag;
+}
+"""
+
 PRINTF = r"""
 extern "C" __global__ void hello(float* out) {
   if (threadIdx.x == 0) {
@@ -236,6 +249,10 @@ GOOD: dict[str, Sample] = {
     "half": Sample(
         HALF, "half_twice", ("in", "out", "in_bytes"), 2, 64, 256, floats(128), _half,
         dtype="float16",
+    ),
+    "shared_declarations": Sample(
+        SHARED_STYLES, "shared_styles", ("in", "out"), 1, 64, 256, floats(64),
+        lambda d: f32(d)[::-1] + np.float32(2.0) * f32(d) + np.float32(1.0),
     ),
     "warp_intrinsics": Sample(
         WARPS, "warp_stats", ("in", "out"), 2, 96, 6 * 16, floats(192), _warp_reference,
