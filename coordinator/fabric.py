@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from nats.js.object_store import ObjectStore
 
-from vramfabric.broker import buckets, topology
+from vramfabric.broker import buckets
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import CodeRefused, VramfabricError
 from vramfabric.broker.messages import JobSpec, NodeAdvert
@@ -37,6 +37,7 @@ from .mapping import map_results
 from .metrics import CoordinatorMetrics
 from .results import Progress
 from .settings import CoordinatorSettings
+from .tenancy import ensure_own_tenant
 from .work import JobWork, upload
 
 log = logging.getLogger(__name__)
@@ -72,17 +73,21 @@ class Fabric:
     ) -> Fabric:
         """Connect with settings from the environment unless given; watch the fleet."""
         broker = broker or BrokerSettings.from_env()
-        conn = await connect(broker, name="coordinator")
         settings = settings or CoordinatorSettings.from_env()
+        conn = await connect(broker, name="coordinator")
         fabric = cls(
             broker, settings, conn, owns_conn=True, metrics=metrics or CoordinatorMetrics()
         )
-        await fabric.start()
+        try:
+            await fabric.start()
+        except BaseException:  # re-raised: a start refused (or failed) leaves no connection open
+            await conn.close()
+            raise
         return fabric
 
     async def start(self) -> None:
         """Create the tenant's streams and buckets and start watching adverts."""
-        await topology.ensure_tenant(self.conn.js, self.broker, self.settings.tenant)
+        await ensure_own_tenant(self.conn, self.broker, self.settings.tenant)
         self._kernels = await buckets.kernels_store(self.conn.js, self.broker, self.settings.tenant)
         self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
