@@ -64,7 +64,7 @@ class Subjects:
         return f"{self.prefix}.node.*.advert"
 
     def lease(self, tenant: str, node: str, op: str) -> str:
-        """Request subject of a lease operation (`acquire`, `renew`, `release`, `held`) on a node."""
+        """Request subject of a lease operation (acquire, renew, release, held) on one node."""
         if op not in LEASE_OPS:
             raise ValueError(f"unknown lease op {op!r}; expected one of {LEASE_OPS}")
         return f"{self.prefix}.lease.{token(tenant, 'tenant')}.{token(node, 'node')}.{op}"

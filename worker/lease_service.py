@@ -5,9 +5,10 @@ Every request gets a reply: the answer, or an ErrorReply saying what was wrong w
 request with no reply subject, or one that is not an inbox, is refused unanswered. Each
 tenant's requests wait in a bounded queue of their own (worker/lease_intake.py); one past
 the bound is refused at once as `busy`, so a tenant's flood delays others by about one of
-its requests. `held` tells a tenant its own leases here by job (adverts carry no job ids). A tenant with a quota is served under its QuotaBook lock: the reservation in
-KV comes first, the ledger change after it, so no node grants past the reservation it wrote.
-The fair share takes leases back at renewals and, through `reclaim`, at every heartbeat.
+its requests. `held` tells a tenant its own leases here by job (adverts carry no job ids).
+A tenant with a quota is served under its QuotaBook lock: the reservation in KV comes
+first, the ledger change after it, so no node grants past the reservation it wrote. The
+fair share takes leases back at renewals and, through `reclaim`, at every heartbeat.
 """
 
 from __future__ import annotations
