@@ -141,8 +141,10 @@ async def test_executors_start_a_few_at_a_time_and_the_first_runs_its_chunk_mean
     # Then the first chunk ran before the last of the node's processes was even created
     assert result.n_ok == 4
     starts, _ends, _pids = zip(*result.value, strict=True)
-    created = [process_started_at(pid) for pid in executor_children()]
-    assert len([t for t in created if t >= since]) >= 4
+    # (at least two processes: on a loaded machine the chunks may all have run in the lanes
+    # already up, a chunk taking an idle lane of its tenant, before the last lane is made)
+    created = [t for t in map(process_started_at, executor_children()) if t >= since]
+    assert len(created) >= 2
     assert min(starts) < max(created)
 
 
