@@ -359,6 +359,9 @@ async def test_tiny_chunks_hold_no_more_leases_than_their_packs_can_use(
         await agent_factory(node, simulate="1x64GiB", allow_code=True)
     fabric = await fabric_factory()
     inputs = list(range(2000))
+    # (after a first job, so that the executors are up: a packed job asks for the rest of the
+    # fleet when no first result comes within 0.1 s, as on a fresh node starting processes)
+    await fabric.run(Job(square_loss, list(range(64)), chunks_per_message=1), ArgMin())
     # When it runs packed (auto, the default), and again one chunk per message
     packed = await fabric.run(Job(square_loss, inputs), ArgMin())
     alone_job = Job(square_loss, inputs, chunks_per_message=1, job_id="one-per-message")
