@@ -74,6 +74,9 @@ class AckedPublisher:
         for future, _due in self._pending.values():
             if not future.done():
                 future.set_exception(nats.errors.TimeoutError())
+                # Marked as seen: a submission torn down (a map left early) never awaits it,
+                # and asyncio would log "Future exception was never retrieved" for each.
+                future.exception()
         self._pending.clear()
         if self._sub is not None:
             sub, self._sub = self._sub, None
