@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ModuleCache,
         NoReference,
     )
+    from .host_faults import KernelFault, KernelRace
     from .hyperparam import HYPERPARAM_EVAL
     from .kernel import Kernel, KernelArgumentError
     from .registry import KernelMissing, Registry
@@ -37,6 +38,8 @@ _WHERE = {
     "HYPERPARAM_EVAL": "hyperparam",
     "Kernel": "kernel",
     "KernelArgumentError": "kernel",
+    "KernelFault": "host_faults",
+    "KernelRace": "host_faults",
     "KernelMissing": "registry",
     "Registry": "registry",
 }
@@ -70,7 +73,9 @@ __all__ = [
     "Kernel",
     "KernelArgumentError",
     "KernelCompileError",
+    "KernelFault",
     "KernelMissing",
+    "KernelRace",
     "ModuleCache",
     "NoReference",
     "Registry",
