@@ -177,6 +177,10 @@ class LocalFleet:
             *self.worker_args,
             *extra_args,
         ]
+        if "--allow-code" in argv:
+            # A local fabric runs its one user's own code: where executors cannot get uids of
+            # their own (a root Python in /root), that code runs as the worker, as allowed here.
+            argv.append("--allow-shared-uid")
         if self.metrics_port is not None:
             port = self.metrics_port and self.metrics_port + len(self.procs)
             argv += ["--metrics-port", str(port)]

@@ -18,6 +18,11 @@ import pytest_asyncio
 from vramfabric.broker import BrokerSettings, Connection, NatsServer, connect
 from vramfabric.broker.errors import ServerError
 
+# Worker processes the tests start run the tests' own code: where executors cannot get uids
+# of their own (a root Python in /root, as on the project's machines), it runs as the worker
+# (worker/containment.py). In-process agents get `allow_shared_uid` from their fixtures.
+os.environ.setdefault("VRAMFABRIC_ALLOW_SHARED_UID", "1")
+
 _FOLDER_MARKS = {"integration": "integration", "chaos": "chaos", "gpu": "gpu"}
 
 

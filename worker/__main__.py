@@ -51,8 +51,8 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         changes["heartbeat_s"] = args.heartbeat_s
     if args.metrics_port is not None:
         changes["metrics_port"] = args.metrics_port
-    if args.allow_code:
-        changes["allow_code"] = True
+    # The switches can only turn on what the environment left off.
+    changes.update({k: True for k in ("allow_code", "allow_shared_uid") if getattr(args, k)})
     if args.isolation:
         changes["isolation"] = args.isolation
     if args.chunk_timeout_s:

@@ -146,7 +146,7 @@ class Agent:
             self.metrics,
             self.settings.heartbeat_s,
             on_beat=self._on_beat,
-            facts=node_facts(self.settings, self.executors.containment),
+            facts=node_facts(self.settings, self.executors.containment.mode),
             live_facts=lambda: self.fair.advert_facts(time.monotonic()),
         )
         self._service = service = LeaseService(

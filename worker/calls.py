@@ -150,8 +150,9 @@ class CallService:
         if req.lease_id in self._running:
             raise ChunkFailed(ErrorKind.ERROR, "the lease runs another call; calls take turns")
         spec = _spec_of(tenant, lease, req)
+        code_ok, contained = runner.policy.allows_code(tenant), runner.pool.containment
         refused = refusal(
-            spec, runner.settings.allow_code, self.simulated, runner.policy.allows_code(tenant)
+            spec, runner.settings.allow_code, self.simulated, code_ok, contained.code_refusal
         )
         if refused is not None:
             raise refused

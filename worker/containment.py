@@ -5,7 +5,9 @@ Where the worker may switch uids (root, or CAP_SETUID/CAP_SETGID/CAP_CHOWN with 
 with no supplementary groups, in a private 0700 directory that is also their HOME and holds
 their TMPDIR. Different uids keep tenants from signalling, ptracing or reading /proc of the
 agent and of each other, and from writing the installed packages. Elsewhere executors run
-as the worker's own uid (`shared-uid`), and the worker says so at start and in its adverts.
+as the worker's own uid (`shared-uid`), and the worker says so at start and in its adverts;
+such a worker refuses tenants' code (`code_refused`) unless the operator says
+`--allow-shared-uid` (dangerous: tenants' code then runs as the worker, with its credentials).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class Containment:
 
     uids: UidRange | None
     _base: Path | None = None
+    # Why tenants' code is refused here ("" when it is not): shared uid, not allowed.
+    code_refusal: str = ""
     _assigned: dict[str, int] = attrs.field(factory=dict)
 
     @property
@@ -141,7 +145,9 @@ class Containment:
         return CONTAINED if self.uids is not None else SHARED
 
     @classmethod
-    def start(cls, uids: UidRange | None, allow_code: bool) -> Containment:
+    def start(
+        cls, uids: UidRange | None, allow_code: bool, allow_shared_uid: bool = False
+    ) -> Containment:
         """Decide the mode for this worker and say it in one log line.
 
         Raises:
@@ -161,12 +167,22 @@ class Containment:
                 else "run as root or set VRAMFABRIC_EXECUTOR_UIDS with CAP_SETUID, CAP_SETGID "
                 "and CAP_CHOWN"
             )
+            if allow_code and not allow_shared_uid:
+                # Fail closed: tenants' code as this worker could read its credentials.
+                refusal = (
+                    f"this worker cannot run tenants' code under uids of their own ({problem}) "
+                    "and refuses to run it as its own uid (start it with --allow-shared-uid, "
+                    "dangerous, to allow that)"
+                )
+                log.warning("tenants' code is refused (no shared-uid): %s; %s", refusal, fix)
+                return cls(None, code_refusal=refusal)
             # Tenants' code only matters where it runs; built-in kernels are ours.
             log.log(
                 logging.WARNING if allow_code else logging.INFO,
-                "executors run as this worker's uid=%d (shared-uid: tenants' code can signal "
+                "executors run as this worker's uid=%d (shared-uid%s: tenants' code can signal "
                 "the agent and each other, and shares its files) because %s; %s",
                 os.geteuid(),
+                ", allowed by --allow-shared-uid" if allow_code else "",
                 problem,
                 fix,
             )

@@ -41,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run tenants' Python callables (code execution on this node: see operations.md)",
     )
     parser.add_argument(
+        "--allow-shared-uid",
+        action="store_true",
+        default=None,
+        help="DANGEROUS: where executors cannot run as a uid per tenant, run tenants' code as "
+        "this worker's own uid (it can then read the worker's credentials and act as it); "
+        "without it such a worker refuses tenants' code",
+    )
+    parser.add_argument(
         "--isolation",
         choices=("thread", "process"),
         help="executor per GPU and tenant with a thread per lease (default), or per lease",

@@ -61,7 +61,8 @@ class PackRunner:
         """
         r = self.runner
         code_ok = r.policy.allows_code(spec.tenant)
-        refused = refusal(spec, r.settings.allow_code, r.simulated, code_ok)
+        contained = r.pool.containment.code_refusal
+        refused = refusal(spec, r.settings.allow_code, r.simulated, code_ok, contained)
         if refused is not None:
             raise refused
         started_at = time.time()

@@ -80,7 +80,8 @@ class ExecutorPool:
     _spares_in_turn: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     # The prebuild was put off by work that came before the start-up's spares (`_spares`).
     _prebuild_due: bool = attrs.field(default=False, init=False)
-    _containment: Containment = attrs.field(init=False)
+    # How executors are kept apart (its mode goes in adverts; it may refuse tenants' code).
+    containment: Containment = attrs.field(init=False)
     layout: ExecutorLayout = attrs.field(init=False)
     room: ExecutorRoom = attrs.field(init=False)
     # At most `executor_starts` processes importing at once (see WorkerSettings).
@@ -90,15 +91,11 @@ class ExecutorPool:
 
     def __attrs_post_init__(self) -> None:
         self._starts = asyncio.Semaphore(self.settings.executor_starts)
-        self._containment = Containment.start(self.settings.executor_uids, self.settings.allow_code)
+        s = self.settings
+        self.containment = Containment.start(s.executor_uids, s.allow_code, s.allow_shared_uid)
         lanes = max(1, self.settings.max_executors_per_gpu - 1)  # one left to narrow suspects
         self.layout = ExecutorLayout(self.settings.isolation, lanes)
         self.room = ExecutorRoom(self.settings.max_executors_per_gpu, self.settings.max_executors)
-
-    @property
-    def containment(self) -> str:
-        """How executors are kept apart: `uid-per-tenant` or `shared-uid` (for adverts)."""
-        return self._containment.mode
 
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
@@ -281,7 +278,7 @@ class ExecutorPool:
 
     def _spare_wanted(self, gpu: int) -> bool:
         """Whether to start a spare for `gpu` now (none there, the node idle a while)."""
-        if not self._idle() or self._containment.uids is not None:
+        if not self._idle() or self.containment.uids is not None:
             return False
         key = _spare_key(gpu)
         # A spare never takes the room of a process that is (or may soon be) used.
@@ -339,7 +336,7 @@ class ExecutorPool:
         gpu = self.gpus[key[0]]
         exe = None
         try:
-            sandbox = self._containment.sandbox(key[1]) if key[1] else None
+            sandbox = self.containment.sandbox(key[1]) if key[1] else None
             exe = await ExecutorProcess.spawn(
                 key, gpu, self.settings.kernel_modules, self._exited, self._slots(key), sandbox
             )
@@ -416,7 +413,7 @@ class ExecutorPool:
         """
         return (
             self.gpus[0].simulated
-            and self._containment.uids is None
+            and self.containment.uids is None
             and not self.settings.kernel_modules
         )
 
@@ -486,7 +483,7 @@ class ExecutorPool:
             exe.kill("executor killed: the node is stopping")
         readers = [exe.reader for exe in self._procs.values() if exe.reader is not None]
         await asyncio.gather(*readers, return_exceptions=True)
-        self._containment.close()
+        self.containment.close()
 
 
 _SPARE = ("", "spare")

@@ -30,7 +30,9 @@ class WorkerSettings:
     `simulate` (e.g. `4x48GiB`) replaces NVML discovery with simulated GPUs run on NumPy.
     `isolation` is `thread` (one executor process per GPU and tenant, a thread per lease) or
     `process` (one executor process per lease). `allow_code` lets tenants' Python callables
-    run on this node. `chunk_timeout_s` is the deadline of a chunk whose job sets none.
+    run on this node; where they cannot run under uids of their own, only with
+    `allow_shared_uid` (dangerous: they then run as the worker, with its credentials).
+    `chunk_timeout_s` is the deadline of a chunk whose job sets none.
     Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
     A node runs at most `max_executors_per_gpu` executor processes on one GPU and
     `max_executors` in all (worker/pool.py).
@@ -49,6 +51,9 @@ class WorkerSettings:
     max_inflight: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     isolation: str = attrs.field(default="thread", validator=attrs.validators.in_(ISOLATIONS))
     allow_code: bool = False
+    # DANGEROUS: run tenants' code as this worker's own uid when they cannot get uids of their
+    # own (worker/containment.py); without it such a worker refuses tenants' code.
+    allow_shared_uid: bool = False
     chunk_timeout_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
     # An executor no lease needs is stopped after this long idle; None: by the GPU's kind
     # (worker/pool.py: 30 s on a real GPU, 600 s on a simulated one).
@@ -98,6 +103,8 @@ class WorkerSettings:
             kwargs["slice_bytes"] = env_size(environ, "VRAMFABRIC_SLICE", 0)
         if environ.get("VRAMFABRIC_ALLOW_CODE"):
             kwargs["allow_code"] = _flag(environ, "VRAMFABRIC_ALLOW_CODE")
+        if environ.get("VRAMFABRIC_ALLOW_SHARED_UID"):
+            kwargs["allow_shared_uid"] = _flag(environ, "VRAMFABRIC_ALLOW_SHARED_UID")
         if environ.get("VRAMFABRIC_EXECUTOR_UIDS"):
             kwargs["executor_uids"] = _uids(environ, "VRAMFABRIC_EXECUTOR_UIDS")
         if environ.get("VRAMFABRIC_EXECUTOR_IDLE_S"):

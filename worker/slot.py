@@ -78,8 +78,9 @@ class ChunkRunner:
         Raises:
             VramfabricError: CodeRefused, ChunkTimeout, ExecutorCrashed, ChunkFailed, ...
         """
+        code_ok, contained = self.policy.allows_code(spec.tenant), self.pool.containment
         refused = refusal(
-            spec, self.settings.allow_code, self.simulated, self.policy.allows_code(spec.tenant)
+            spec, self.settings.allow_code, self.simulated, code_ok, contained.code_refusal
         )
         if refused is not None:
             raise refused

@@ -44,12 +44,13 @@ def _builtin(name: str, digest: str) -> Work:
 
 
 def refusal(
-    spec: JobSpec, allow_code: bool, simulated: bool, tenant_may: bool = True
+    spec: JobSpec, allow_code: bool, simulated: bool, tenant_may: bool = True, contained: str = ""
 ) -> CodeRefused | None:
     """Why this node must not run the job's code, or None if it may.
 
     `tenant_may` is the tenants file's word on the job's tenant (the tenant comes from
-    the subject the job's leases were asked on, never from the spec's payload).
+    the subject the job's leases were asked on, never from the spec's payload). `contained`
+    is the containment's refusal ("" when tenants' code may run: worker/containment.py).
     """
     # A CUDA kernel on simulated GPUs runs its source compiled for this CPU: native code.
     users_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)
@@ -67,6 +68,8 @@ def refusal(
                 "for its CPU, and it does not run users' code"
             )
         return CodeRefused(f"{why} (it was started without --allow-code)")
+    if users_code and contained:
+        return CodeRefused(contained)
     if spec.kernel_kind == "python" and spec.python != python_version():
         return CodeRefused(
             f"the job's function was pickled on Python {spec.python or '?'}; this worker "

@@ -45,6 +45,9 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
     async def make(
         node: str, simulate: str = "2x4GiB", slice_bytes: int = 2**30, **kw: Any
     ) -> Agent:
+        # The tests' code is the user's own: it may run as the worker where executors cannot
+        # get uids of their own (a root Python in /root); a test of the refusal says False.
+        kw.setdefault("allow_shared_uid", True)
         settings = WorkerSettings(
             node=node,
             simulate=simulate,

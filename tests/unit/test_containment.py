@@ -108,9 +108,9 @@ def test_a_worker_that_is_not_root_says_its_executors_share_its_uid(
 ) -> None:
     # Given a worker running as an ordinary user, with no uid range
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    # When it starts with tenants' code allowed
+    # When it starts with tenants' code allowed, and shared uids allowed
     with caplog.at_level(logging.INFO, "vramfabric.worker.containment"):
-        containment = Containment.start(None, allow_code=True)
+        containment = Containment.start(None, allow_code=True, allow_shared_uid=True)
     # Then it runs them shared, and says so in one warning
     assert containment.mode == SHARED and containment.sandbox("alpha") is None
     [record] = caplog.records

@@ -62,6 +62,7 @@ async def agents(auth_fabric: AuthFabric) -> AsyncIterator[Callable[..., Awaitab
     started: list[Agent] = []
 
     async def start(node: str, simulate: str = "2x2GiB", **kw: Any) -> Agent:
+        kw.setdefault("allow_shared_uid", True)  # the tests' own code (tests/conftest.py)
         settings = WorkerSettings(
             node=node,
             simulate=simulate,
