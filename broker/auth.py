@@ -272,7 +272,10 @@ def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
             _service(src, account, to) for (src, _), (to, _) in zip(exported, imported, strict=True)
         ]
         out[account] = {
-            "jetstream": "enabled",
+            # The tenant's own streams count against these too (broker/limits.py); FABRIC
+            # (workers, operator, adverts, quota, checkpoints) stays unlimited.
+            "jetstream": tenant.limits.jetstream(),
+            "limits": tenant.limits.limits(),
             "users": [
                 _tenant_user(s, tenant),
                 _user(operator_user(n), tenants.operator, None),

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 # JetStream err_code for "maximum messages per subject exceeded": on the first-result-wins
 # results stream it means "a result is already recorded", not "retry" (NATS_GUIDE.md section 2).
 ERR_CODE_RESULT_RECORDED = 10077
+# JetStream's refusals at an account's limits (broker/limits.py), by err_code: what ran out.
+_ACCOUNT_LIMITS = {
+    10002: "storage limit (tenants file: storage / memory_storage)",
+    10026: "consumers limit (tenants file: consumers)",
+    10027: "streams limit (tenants file: streams)",
+    10028: "memory storage limit (tenants file: memory_storage)",
+    10047: "storage limit (tenants file: storage)",
+}
 
 
 class ErrorKind(enum.StrEnum):
@@ -156,6 +164,10 @@ class PermissionDenied(PermanentError):
     """The server refused an operation this user's permissions do not allow (never retried)."""
 
 
+class LimitExceeded(PermanentError):
+    """The tenant's account is at one of its limits (storage, streams, consumers): never retried."""
+
+
 class CodeRefused(PermanentError):
     """A worker refused to run a job's Python code (no --allow-code, or another Python)."""
 
@@ -281,6 +293,11 @@ def _from_api_error(exc: nats.js.errors.APIError) -> VramfabricError:
     err_code, code = getattr(exc, "err_code", None), getattr(exc, "code", None)
     if err_code == ERR_CODE_RESULT_RECORDED:
         return ResultAlreadyRecorded(str(exc))
+    if err_code in _ACCOUNT_LIMITS:
+        return LimitExceeded(
+            f"refused: the tenant's account is at its {_ACCOUNT_LIMITS[err_code]}; remove old "
+            f"jobs (`vramfabric rm`) or ask the operator for more ({exc})"
+        )
     # A 503 status header gives a ServiceUnavailableError with no code set.
     if isinstance(exc, nats.js.errors.ServiceUnavailableError) or (code or 0) >= 500:
         return Disconnected(f"jetstream unavailable: {exc}")

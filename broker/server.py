@@ -106,10 +106,15 @@ class NatsServer:
                 # A config may listen on port -1: a restart keeps the port it got (flags win).
                 cmd += ["-p", str(self._bound_port)]
         log.info("starting nats-server cmd=%s", " ".join(cmd))
-        Path(store).mkdir(parents=True, exist_ok=True)
+        # The store and the log are the owner's alone: the log names users, subjects and
+        # accounts, the store holds every tenant's data (a wider existing mode is narrowed).
+        Path(store).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(store, 0o700)
         # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.
         self.log_path = str(Path(store) / "nats-server.log")
-        with open(self.log_path, "ab") as log_file:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "ab") as log_file:
             self._proc = subprocess.Popen(
                 cmd, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent
             )

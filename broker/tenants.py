@@ -11,6 +11,8 @@ TOML, one table per tenant plus the two service users:
     quota = "64GiB"             # optional: fleet-wide VRAM the tenant may lease
     weight = 2                  # optional (default 1): its share under contention
     allow_code = true           # optional (default false): may run Python callables
+    storage = "8GiB"            # optional account limits (broker/limits.py; also settable
+                                # for every tenant in a [defaults] table)
 
 A password may be a bcrypt hash (`$2a$...`, from `nats server passwd`): nats-server accepts
 it. Workers never need credentials: give them a policy file (`write_policy`): the same
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from .limits import DEFAULT_LIMITS, KEYS, AccountLimits, parse_limits
 
 # The service users' names live with the settings; imported from here too (re-exported).
 from .settings import OPERATOR_USER as OPERATOR_USER
@@ -61,6 +65,7 @@ class Tenant:
     quota_bytes: int | None = None
     weight: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
     allow_code: bool = False
+    limits: AccountLimits = DEFAULT_LIMITS
 
 
 @attrs.frozen
@@ -134,19 +139,20 @@ def load(path: str | Path) -> TenantsFile:
 
 def parse(raw: Mapping[str, Any]) -> TenantsFile:
     """Build a TenantsFile from parsed TOML."""
-    unknown = set(raw) - {"operator", "workers", "tenants"}
+    unknown = set(raw) - {"operator", "workers", "tenants", "defaults"}
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}")
     tenants_raw = raw.get("tenants") or {}
     if not isinstance(tenants_raw, Mapping) or not tenants_raw:
         raise ValueError("no [tenants.<name>] table")
+    defaults = _defaults(raw.get("defaults"))
     tenants = []
     for name, body in tenants_raw.items():
         if name in RESERVED_USERS or name.startswith(RESERVED_PREFIX):
             raise ValueError(
                 f"tenant name {name!r} is reserved (names starting {RESERVED_PREFIX!r})"
             )
-        tenants.append(_tenant(name, body))
+        tenants.append(_tenant(name, body, defaults))
     return TenantsFile(
         operator=_credential("operator", raw.get("operator")),
         workers=_credential("workers", raw.get("workers")),
@@ -171,7 +177,7 @@ def parse_policy(raw: Mapping[str, Any], where: str = "tenants file") -> TenantP
     if "operator" in raw or "workers" in raw:
         log.warning("%s holds service credentials; workers need only its policy", where)
         return parse(raw).policy
-    unknown = set(raw) - {"tenants"}
+    unknown = set(raw) - {"tenants", "defaults"}
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}")
     tenants_raw = raw.get("tenants") or {}
@@ -220,7 +226,7 @@ def _credential(what: str, body: Any) -> Credential:
 def _rules(name: str, body: Any) -> TenantRules:
     if not isinstance(body, Mapping):
         raise ValueError(f"[tenants.{name}] must be a table")
-    unknown = set(body) - {"password", "nkey", "quota", "weight", "allow_code"}
+    unknown = set(body) - {"password", "nkey", "quota", "weight", "allow_code", *KEYS}
     if unknown:
         raise ValueError(f"[tenants.{name}]: unknown keys {sorted(unknown)}")
     quota = body.get("quota")
@@ -235,7 +241,20 @@ def _rules(name: str, body: Any) -> TenantRules:
         raise ValueError(f"[tenants.{name}]: {exc}") from None
 
 
-def _tenant(name: str, body: Any) -> Tenant:
+def _defaults(body: Any) -> AccountLimits:
+    """The `[defaults]` table: account limits every tenant gets unless it sets its own."""
+    if body is None:
+        return DEFAULT_LIMITS
+    if not isinstance(body, Mapping):
+        raise ValueError("[defaults] must be a table")
+    unknown = set(body) - KEYS
+    if unknown:
+        raise ValueError(f"[defaults]: unknown keys {sorted(unknown)} (known: {sorted(KEYS)})")
+    return parse_limits(body, DEFAULT_LIMITS, "defaults")
+
+
+def _tenant(name: str, body: Any, defaults: AccountLimits) -> Tenant:
     rules = _rules(name, body)
     credential = _credential(f"tenants.{name}", body)
-    return Tenant(name, credential, rules.quota_bytes, rules.weight, rules.allow_code)
+    limits = parse_limits(body, defaults, f"tenants.{name}")
+    return Tenant(name, credential, rules.quota_bytes, rules.weight, rules.allow_code, limits)
