@@ -116,10 +116,11 @@ def _worker_paths(s: Subjects, tenant: str, api: str = _API) -> list[tuple[str, 
         # Code is read in batches of chunks: many answers to one request (broker/objects.py).
         (f"{api}.DIRECT.GET.{kernels}", True),
         (f"{api}.DIRECT.GET.{kernels}.>", False),
-        # Large outputs: the chunks and meta an object put publishes, the purge of the chunks
-        # it replaces, and the direct get of an output's meta (worker/store.py).
+        # Large outputs: the chunks and meta an object put publishes, and the direct get of
+        # an output's meta (worker/store.py). No purge: a purge takes a filter of the
+        # caller's choosing, so it could empty the tenant's whole store; the chunks of an
+        # output a worker replaces stay behind, unreadable as it (broker/objects.py).
         (s.object_subjects(outputs_bucket), False),
-        (f"{api}.STREAM.PURGE.{outputs}", False),
         (f"{api}.DIRECT.GET.{outputs}.{s.object_meta_subjects(outputs_bucket)}", False),
     ]
 

@@ -22,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,8 +31,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.nuid import NUID
 
-from .errors import nats_errors
+from .errors import PermissionDenied, nats_errors
 from .subjects import Subjects
+
+log = logging.getLogger(__name__)
 
 # Chunks asked for in one direct-get request: 16 MiB of 1 MiB chunks a round trip.
 _READ_BATCH = 16
@@ -133,7 +136,10 @@ def _put_into(queue: asyncio.Queue[Msg]) -> Any:
 async def write_object(
     js: JetStreamContext, bucket: str, name: str, data: bytes, chunk_bytes: int
 ) -> None:
-    """Store `data` as object `name` of `bucket`, replacing (and purging) any earlier one.
+    """Store `data` as object `name` of `bucket`, replacing any earlier one.
+
+    The earlier one's chunks are purged where the caller may purge (a tenant); a workers'
+    user may not, and leaves them behind, never read as the object again.
 
     Raises:
         VramfabricError: a chunk or the meta was not stored (the chunks written are purged).
@@ -169,7 +175,15 @@ async def write_object(
                 await js.purge_stream(stream, subject=chunks)
             raise
         if earlier_nuid and earlier_nuid != nuid:
-            await js.purge_stream(stream, subject=Subjects.object_chunks(bucket, earlier_nuid))
+            try:
+                with nats_errors():
+                    earlier_chunks = Subjects.object_chunks(bucket, earlier_nuid)
+                    await js.purge_stream(stream, subject=earlier_chunks)
+            except PermissionDenied:
+                # The workers' user may not purge a tenant's store (broker/auth.py): the
+                # earlier chunks stay, unreadable as the object (its meta names the new
+                # nuid), counted in the tenant's storage until the store is purged.
+                log.info("earlier chunks of %s left in %s (no purge right)", name, bucket)
 
 
 async def _write_chunks(

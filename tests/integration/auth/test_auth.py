@@ -347,7 +347,8 @@ async def test_worker_user_stores_large_outputs_but_cannot_read_them(
         with pytest.raises(PermissionDenied):
             await js.subscribe(first.subject, stream=stream, ordered_consumer=True)
 
-    # And a worker overwriting an object (a chunk run again) replaces its chunks
+    # And a worker overwriting an object (a chunk run again) replaces it: the object reads
+    # as the new one only, though the earlier chunks stay (workers may not purge the store)
     as_worker = w.tenant_js("alice")
     await write_object(as_worker, store, "again.0", b"first" * 100, chunk_bytes=256)
     await write_object(as_worker, store, "again.0", b"second" * 100, chunk_bytes=256)
@@ -355,7 +356,8 @@ async def test_worker_user_stores_large_outputs_but_cannot_read_them(
     assert got.data == b"second" * 100
     info = await op.js.stream_info(stream, subjects_filter=f"$O.{store}.C.>")
     chunk_subjects = set(info.state.subjects or {})
-    assert len(chunk_subjects) == 3  # two outputs of the job, one of "again.0"
+    assert f"$O.{store}.C.{got.info.nuid}" in chunk_subjects
+    assert len(chunk_subjects) == 4  # two outputs of the job, the old and new "again.0"
 
 
 def test_a_cluster_with_a_tenants_file_is_refused(
