@@ -36,6 +36,9 @@ FOR_A_NEIGHBOUR = "executor killed: a chunk beside this one ran past its deadlin
 ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10
+# How long a killed executor may take to exit before the slot its work held is let go anyway
+# (SIGKILL ends a process at once unless it is stuck in the kernel, e.g. on a device).
+STOP_WAIT_S = 5.0
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
 
 
@@ -164,6 +167,12 @@ class ExecutorProcess:
             self.doom = why
         if self.proc.returncode is None:
             self.proc.kill_group()
+
+    async def stop(self, why: str) -> None:
+        """Kill the process and its group, and wait (at most STOP_WAIT_S) until it exited."""
+        self.kill(why)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.proc.exited), STOP_WAIT_S)
 
     async def _watch(self) -> None:
         """Read frames until the process ends, then fail what it was running.

@@ -170,8 +170,10 @@ class ExecutorPool:
         except asyncio.CancelledError:
             # Its caller gave up on it (an interactive call whose lease ended, a stopping
             # node): the work must not keep running, and holding the slot, in the process.
-            if not task.future.done():
-                exe.kill(FOR_A_NEIGHBOUR)
+            # The cancel cancels the awaited future too: only a result means the work ended.
+            # The slot's VRAM counts as free (ledger.vacate) only once the process is gone.
+            if not task.future.done() or task.future.cancelled():
+                await exe.stop(FOR_A_NEIGHBOUR)
             raise
         finally:
             exe.tasks.pop(task_id, None)
