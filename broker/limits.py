@@ -98,6 +98,6 @@ def _value(key: str, value: Any) -> int:
         raise ValueError(f"not a limit: {value!r}")
     if key in COUNT_KEYS:
         if not isinstance(value, int) or value < 0:
-            raise ValueError(f"not a count: {value!r} (a whole number, or \"unlimited\")")
+            raise ValueError(f'not a count: {value!r} (a whole number, or "unlimited")')
         return value
     return parse_size(str(value))

@@ -11,14 +11,18 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import attrs
+
 from vramfabric.broker import tenants
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.errors import (
     InvalidMessage,
+    VramfabricError,
 )
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.usage import AccountUsage, account_usage
 from vramfabric.coordinator import joblist, lifecycle
 from vramfabric.coordinator.collect import housekeep
 from vramfabric.coordinator.driver import ORPHANED
@@ -46,7 +50,8 @@ T = TypeVar("T")
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the fleet: nodes, GPUs, slices free and leased, leases by tenant and job."""
-    adverts, held = asyncio.run(_adverts(BrokerSettings.from_env()))
+    broker = BrokerSettings.from_env()
+    adverts, held = asyncio.run(_adverts(broker))
     status = status_dict(adverts)
     # Adverts carry no job ids: the caller's own jobs' leases come from the nodes (`held`).
     by_tenant = Counter[str]()
@@ -56,11 +61,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     status["leases_by_job"] = held
     policy = tenants.load_policy(args.tenants) if args.tenants else tenants.TenantPolicy()
     status["tenants"] = tenant_rows(adverts, policy)
+    usage = _usage(broker, policy)
+    status["usage"] = [attrs.asdict(u) for u in usage]
     if args.json:
         print(json.dumps(status))
     else:
         print_status(status)
+        for u in usage:
+            print(u.line())
     return RET_OK
+
+
+def _usage(broker: BrokerSettings, policy: tenants.TenantPolicy) -> list[AccountUsage]:
+    """Each tenant's use against its account limits: the operator's, with a tenants file."""
+    if broker.user != tenants.OPERATOR_USER or not policy.tenants:
+        return []
+    try:
+        return asyncio.run(account_usage(broker, sorted(policy.tenants)))
+    except VramfabricError as exc:  # recorded: said on stderr; the rest of status stands
+        err.print(f"vramfabric: tenants' account use not shown: {exc}")
+        return []
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

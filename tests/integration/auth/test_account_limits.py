@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -19,6 +23,7 @@ from vramfabric.broker.errors import LimitExceeded, from_nats
 from vramfabric.broker.limits import DEFAULT_LIMITS
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.usage import account_usage
 from vramfabric.coordinator import Job
 from vramfabric.coordinator.aggregate import Gather
 
@@ -110,3 +115,44 @@ def test_limits_come_from_the_tenants_file_with_defaults_for_all() -> None:
     # And a bad limit is refused naming the table and the key
     with pytest.raises(ValueError, match=r"tenants\.beta\] streams"):
         tenants.parse(tomllib.loads(LIMITS_TOML + 'streams = "many"\n'))
+
+
+async def test_the_operator_sees_each_tenants_use_against_its_limits(
+    auth_fabric: AuthFabric,
+) -> None:
+    # Given the provisioned accounts of alpha (defaults) and beta (2 MiB of storage)
+    # When the operator asks for their use
+    rows = {u.tenant: u for u in await account_usage(auth_fabric.operator, ["alpha", "beta"])}
+    # Then each shows its limits and the fabric's six streams, counted in its account
+    assert rows["beta"].storage_limit_bytes == 2 * 2**20
+    assert rows["alpha"].storage_limit_bytes == DEFAULT_LIMITS.storage_bytes
+    assert rows["alpha"].streams == 6 and rows["alpha"].streams_limit == DEFAULT_LIMITS.streams
+    assert "beta: storage " in rows["beta"].line() and "/2 MiB" in rows["beta"].line()
+
+
+def test_status_shows_the_operator_each_tenants_use_and_tenants_none(
+    auth_fabric: AuthFabric,
+) -> None:
+    # Given the tenants file; When the operator, then alpha, run `vramfabric status --json`
+    def status_as(settings: BrokerSettings) -> dict[str, Any]:
+        env = {
+            **os.environ,
+            "VRAMFABRIC_NATS_URL": settings.url,
+            "VRAMFABRIC_PREFIX": settings.prefix,
+            "VRAMFABRIC_NATS_USER": settings.user or "",
+            "VRAMFABRIC_NATS_PASSWORD": settings.password or "",
+            "VRAMFABRIC_TENANT": "alpha",
+        }
+        cmd = [sys.executable, "-m", "vramfabric", "status", "--json"]
+        cmd += ["--tenants", str(auth_fabric.path)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return dict(json.loads(proc.stdout))
+
+    # Then the operator sees each tenant's storage and streams against its limits
+    usage = {u["tenant"]: u for u in status_as(auth_fabric.operator)["usage"]}
+    assert set(usage) == {"alpha", "beta"}
+    assert usage["beta"]["storage_limit_bytes"] == 2 * 2**20
+    assert usage["alpha"]["streams"] == 6
+    # And a tenant sees no one's
+    assert status_as(auth_fabric.tenant("alpha"))["usage"] == []
