@@ -65,6 +65,8 @@ class JobPuller:
     # Open pull requests, oldest first: [messages still to come, monotonic time sent].
     _open: collections.deque[list[float]] = attrs.field(factory=collections.deque, init=False)
     _tasks: dict[asyncio.Task[None], Msg] = attrs.field(factory=dict, init=False)
+    # The chunk running on each busy lease: stopped when its lease ends (released, reaped).
+    _on_lease: dict[str, asyncio.Task[None]] = attrs.field(factory=dict, init=False)
     _backlog: collections.deque[Msg] = attrs.field(factory=collections.deque, init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _inbox: str = attrs.field(default="", init=False)
@@ -98,6 +100,12 @@ class JobPuller:
         """Resync the free-lease list with the ledger (after a grant, release or reap)."""
         live = {lease.lease_id for lease in self.ledger.leases_of(self.tenant, self.job)}
         self._free = [i for i in live if i not in self._busy]
+        for lease_id in [i for i in self._on_lease if i not in live]:
+            # Its lease ended under it: its work stops (the executor killed, the slot's VRAM
+            # free only once it is gone) and the chunk goes back for another lease.
+            task = self._on_lease.pop(lease_id)
+            log.warning("chunk stopped: its lease ended job=%s lease=%s", self.job, lease_id)
+            task.cancel()
         self._dispatch()
         self._wake.set()
 
@@ -222,6 +230,7 @@ class JobPuller:
             msg = self._backlog.popleft()
             task = asyncio.get_running_loop().create_task(self._handle(msg, lease_id))
             self._tasks[task] = msg
+            self._on_lease[lease_id] = task
             task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
@@ -240,8 +249,13 @@ class JobPuller:
     async def _handle(self, msg: Msg, lease_id: str) -> None:
         try:
             await self.handler.handle(msg, lease_id)
+        except asyncio.CancelledError:
+            if not self._stopping:  # its lease ended (leases_changed): another lease takes it
+                await quiet(msg.nak())
+            raise
         finally:
             self._busy.discard(lease_id)
+            self._on_lease.pop(lease_id, None)
             if self.ledger.is_live(lease_id, time.monotonic()):
                 self._free.append(lease_id)
             self._dispatch()
