@@ -57,7 +57,7 @@ def ptxas_usage(log: str, symbol: str) -> Usage | None:
             used = _USED.search(later)
             if used is not None:
                 smem = int(used["smem"] or 0)
-                return Usage(int(used["regs"]), smem, " ".join(later.split()))
+                return Usage(int(used["regs"]), smem, " ".join(later[used.start() :].split()))
     return None
 
 
