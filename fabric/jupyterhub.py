@@ -29,6 +29,8 @@ import attrs
 
 from vramfabric.broker import topology
 from vramfabric.broker.connection import connect
+from vramfabric.broker.errors import TransientError
+from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings, check_url
 
 from .hubtenants import HubTenants, TenantDefaults, TenantLogin, tenant_name
@@ -133,26 +135,23 @@ class FabricTenants:
         `%%gpu` cell says what is wrong if the server never takes the tenant.
         """
         t0 = time.monotonic()
-        deadline = t0 + self.ready_timeout_s
-        why = "not tried"
-        while time.monotonic() < deadline:
-            try:
-                await self._probe(login)
-            except Exception as exc:  # recorded: the last failure is in the warning below
-                why = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(_PROBE_PAUSE_S)
-                continue
-            log.info("tenant ready tenant=%s after_s=%.2f", login.tenant, time.monotonic() - t0)
-            return True
-        log.warning(
-            "tenant not taken by the fabric's server within %.0fs tenant=%s file=%s "
-            "(is `vramfabric server --tenants` running with it?) last_error=%s",
-            self.ready_timeout_s,
-            login.tenant,
-            self.tenants_file,
-            why,
+        retry = CallRetry(
+            deadline_s=self.ready_timeout_s, pause_s=_PROBE_PAUSE_S, max_pause_s=_PROBE_PAUSE_S
         )
-        return False
+        try:
+            await retry.call(lambda: self._probe(login), what=f"tenant {login.tenant} ready")
+        except TransientError as exc:
+            log.warning(
+                "tenant not taken by the fabric's server within %.0fs tenant=%s file=%s "
+                "(is `vramfabric server --tenants` running with it?) last_error=%s",
+                self.ready_timeout_s,
+                login.tenant,
+                self.tenants_file,
+                exc,
+            )
+            return False
+        log.info("tenant ready tenant=%s after_s=%.2f", login.tenant, time.monotonic() - t0)
+        return True
 
     async def _probe(self, login: TenantLogin) -> None:
         """Log in as the tenant and check that its streams are there."""
@@ -163,8 +162,12 @@ class FabricTenants:
             password=login.password,
             retry_deadline_s=1.0,
         )
-        conn = await connect(settings, name="jupyterhub-probe")
         try:
-            await topology.ensure_tenant(conn.js, settings, login.tenant)
-        finally:
-            await conn.close()
+            conn = await connect(settings, name="jupyterhub-probe")
+            try:
+                await topology.ensure_tenant(conn.js, settings, login.tenant)
+            finally:
+                await conn.close()
+        except Exception as exc:  # recorded: "not yet", retried until the deadline, then logged
+            # A refused login is the server not having reloaded the tenants file yet.
+            raise TransientError(f"{type(exc).__name__}: {exc}") from exc

@@ -103,12 +103,18 @@ def _descendants() -> list[int]:
 def _reap() -> None:
     """Reap the killed children (none stays a zombie), waiting up to _REAP_S for them."""
     deadline = time.monotonic() + _REAP_S
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+    while time.monotonic() <= deadline:
+        pid = _reaped()
+        if pid is None:
             return  # none left
-        if pid == 0:  # some still running (dying): poll, briefly
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.001)
+        if pid:
+            continue  # one reaped: look for the next at once
+        time.sleep(0.001)  # the poll period while the killed ones die
+
+
+def _reaped() -> int | None:
+    """The pid of a child reaped now, 0 while some still run, None when none is left."""
+    try:
+        return os.waitpid(-1, os.WNOHANG)[0]
+    except ChildProcessError:
+        return None

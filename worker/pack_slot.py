@@ -171,8 +171,11 @@ class PackRunner:
         as a chunk in a message of its own would be redelivered: its result names the attempt
         it succeeded (or finally failed) on. Its pack-mates keep the pack's attempt.
         """
-        tries = attempt
+        tries, delay_s = attempt, 0.0
         while True:
+            # Each pass is a delivery of the chunk alone, after the delay the job's retry
+            # policy gives it, as a nak(delay) would (none before the first).
+            await asyncio.sleep(delay_s)
             started_at = time.time()
             try:
                 output = (await self.runner.execute(spec, chunk, lease, tries))[0]
@@ -186,8 +189,7 @@ class PackRunner:
                     tries,
                     exc,
                 )
-                await asyncio.sleep(spec.retry.nak_delay_s(tries))  # as a nak would delay it
-                tries += 1
+                delay_s, tries = spec.retry.nak_delay_s(tries), tries + 1
                 continue
             except Exception as exc:  # recorded: the chunk's failed result names it
                 return self._failure(spec, chunk, exc, tries, lease, started_at)
