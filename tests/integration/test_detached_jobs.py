@@ -209,7 +209,9 @@ async def test_a_killed_coordinator_is_listed_orphaned_and_its_result_resumes_it
     assert (result.value, result.n_ok, result.n_failed) == (tuple(BEST), N_CHUNKS, 0)
     status = await handle.status()
     assert (status.state, status.n_done, status.alive) == ("done", N_CHUNKS, False)
-    assert sorted(executions(str(runs))) == list(range(N_CHUNKS))
+    # Every chunk ran (at least once: a chunk running when the killed coordinator's leases
+    # ran out is stopped with its lease and runs again; its result is folded once)
+    assert set(executions(str(runs))) == set(range(N_CHUNKS))
 
 
 @pytest.mark.timeout(120)
