@@ -38,6 +38,9 @@ WORKER_ARGS = [
     "--slice",
     "512MiB",
     "--allow-code",
+    # Tenants' code as this worker's uid: this test machine's Python (a pyenv under /root)
+    # is not readable by other uids, so the worker fails closed without it.
+    "--allow-shared-uid",
     "--heartbeat-s",
     "0.5",
 ]

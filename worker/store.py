@@ -71,9 +71,9 @@ class ChunkStore:
             # With auth on it is in the tenant's account, provisioned by the operator.
             await buckets.outputs_store(self.conn.js, self.broker, tenant)
         self._outputs.add(tenant)
-        # Through what the tenant's account exports to the workers: chunk and meta publishes,
-        # the purge of a replaced object's chunks, and direct gets of meta subjects only, so
-        # the workers' user cannot read outputs back (broker/auth.py).
+        # Through what the tenant's account exports to the workers: chunk and meta publishes
+        # and direct gets of meta subjects only, so the workers' user can neither read outputs
+        # back nor purge them (a replaced object's chunks are left: broker/objects.py).
         js = self.conn.tenant_js(tenant)
         await write_object(js, bucket, name, output, chunk_bytes_for(self.conn.nc.max_payload))
         return name
