@@ -170,7 +170,7 @@ async def write_object(
             await js.publish(
                 meta_subject, json.dumps(info).encode(), headers={"Nats-Rollup": "sub"}
             )
-        except BaseException:
+        except BaseException:  # re-raised: the chunks written so far are purged first
             with contextlib.suppress(Exception):  # best effort: the error below is what counts
                 await js.purge_stream(stream, subject=chunks)
             raise

@@ -83,6 +83,6 @@ async def start_executor(
             preexec_fn=die_with_parent,
             **user,
         )
-    except BaseException:
+    except BaseException:  # re-raised: the capture file is closed first, nothing recorded
         capture.close()
         raise
