@@ -252,11 +252,13 @@ async def test_fair_share_halves_a_full_fleet_when_another_tenant_arrives(
         return a >= 3 and abs(a - b) <= 2
 
     await eventually(halved, timeout_s=2 * ttl_s)
-    # And both jobs complete, every chunk run exactly once (nothing lost, nothing doubled)
+    # And both jobs complete, every chunk folded exactly once (nothing lost, nothing
+    # doubled); a chunk running on a lease taken back from bob is stopped with it and runs
+    # again (a slice is never leased again while an ended lease's code runs on it)
     a_result, b_result = await a_run, await b_run
     assert b_result.ok and [x.tolist() for x in b_result.value] == [[float(i)] for i in range(60)]
     assert a_result.ok and a_result.n_ok == 30
-    assert executions(str(tmp_path / "b")) == {i: 1 for i in range(60)}
+    assert set(executions(str(tmp_path / "b"))) == set(range(60))
     assert executions(str(tmp_path / "a")) == {i: 1 for i in range(30)}
 
 
