@@ -2,10 +2,10 @@
 
 Fabric.run prepares a job (spec, uploaded work) and drives one JobRun on a lease set of its
 own: `start` follows the job's results and dead letters and finds what an earlier run
-finished (reopening failures for `retry_failed`), `complete` submits the chunks still to do
-through a bounded window while results are folded (leasing slices just before the first
-chunk goes out, growing the set while it runs: growth.py), and `end` takes everything down again,
-whatever ended the run.
+finished (reopening failures for `retry_failed`) and left queued, `complete` submits the
+chunks still to do through a bounded window while results are folded (leasing slices just
+before the first chunk goes out, growing the set while it runs: growth.py), and `end` takes
+everything down again, whatever ended the run.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .metrics import CoordinatorMetrics
 from .packing import Packer
 from .placement import refusal
 from .record import RunRecord
+from .requeue import queued_chunks
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
 from .settings import CoordinatorSettings
@@ -70,6 +71,8 @@ class JobRun:
     # How the run's chunks travel (packs of tiny ones), and so how many leases they can use.
     packer: Packer = attrs.field(init=False)
     growth: LeaseGrowth = attrs.field(init=False)
+    # Chunks an earlier run of the job left queued: they run as they are, not published again.
+    queued: set[int] = attrs.field(factory=set, init=False)
     # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
     submitted: bool = attrs.field(default=False, init=False)
     _t_submit: float = attrs.field(default=0.0, init=False)
@@ -114,6 +117,7 @@ class JobRun:
             await self.results.start()
             await self.exhausted.start()
             done = await finished_chunks(self.conn, self.broker, self.spec)
+            self.queued = await queued_chunks(self.conn, self.broker, self.spec)
             if not self.retry_failed:
                 return done, set()
             retried = await self.results.replayed(done)
@@ -159,6 +163,7 @@ class JobRun:
             self.results,
             done,
             retried,
+            self.queued,
             self.job.input_limit(self.settings),
             lambda: self._lease(target, min_slices),
             self.packer,

@@ -106,6 +106,9 @@ class Submission:
     # Chunks with a stored result before the run, and those reopened by `retry_failed`.
     done: Collection[int]
     retried: Collection[int]
+    # Chunks an earlier run left queued: they run from the queue under this run's leases. Sent
+    # again they would run twice wherever this run packs them otherwise (another message id).
+    queued: Collection[int]
     limit: int
     # Awaited once, before the first chunk is published (leasing, the job's consumer).
     before_first: Callable[[], Awaitable[None]]
@@ -133,7 +136,7 @@ class Submission:
                 n_read = index + 1
                 # A chunk reopened with its pack is submitted again even if its result is in.
                 skip = index not in self.retried and (
-                    index in self.done or self.results.seen(index)
+                    index in self.done or index in self.queued or self.results.seen(index)
                 )
                 # A streamed job's digest covers every input; a sized one's is already known.
                 data = self.job.encode(index, value, self.limit) if streamed or not skip else b""
@@ -142,6 +145,8 @@ class Submission:
                 if not skip and not self._added(index, data):
                     await self._add(index, data)
             await self._flush()
+            if self.queued and self._acks is None:
+                await self._start_publishing()  # nothing new, but the queued chunks need leases
         finally:
             if self._acks is not None:
                 await self._acks.stop()
@@ -194,9 +199,7 @@ class Submission:
         """Publish the batch, packed as the packer says, and await its PubAcks."""
         if not self._batch:
             return
-        if self._acks is None:
-            await self.before_first()
-            self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
+        acks = self._acks or await self._start_publishing()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
         indices = list(batch)
         again = [i for i in indices if i in self.retried]
@@ -204,7 +207,11 @@ class Submission:
         for chunks, rerun in ((plain, ""), (again, self.rerun)):
             if chunks:
                 spans = self.packer.spans(chunks, batch)
-                await submit_chunks(
-                    self.conn, self.broker, self.spec, batch, spans, rerun, self._acks
-                )
+                await submit_chunks(self.conn, self.broker, self.spec, batch, spans, rerun, acks)
         self.n_submitted += len(indices)
+
+    async def _start_publishing(self) -> AckedPublisher:
+        """Lease (`before_first`) and start the publisher, before the first chunk goes out."""
+        await self.before_first()
+        self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
+        return self._acks
