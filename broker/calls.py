@@ -73,4 +73,6 @@ class CallReply:
     error: str | None = None
     node: str = ""
     elapsed_s: float = 0.0
+    # False: refused before anything of the call ran (sending it again cannot run it twice).
+    started: bool = True
     v: int = PROTOCOL_VERSION

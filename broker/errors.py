@@ -203,6 +203,10 @@ class CapacityExceeded(VramfabricError):
         self.got = got
 
 
+class SliceTooLarge(PermanentError):
+    """No GPU of the fleet is as large as the slice asked for: waiting would never end."""
+
+
 class JobFailed(VramfabricError):
     """A job finished with failed chunks; `failures` holds a bounded sample of them."""
 

@@ -148,6 +148,8 @@ class LeaseGrant:
     node: str
     leases: tuple[Lease, ...]
     denied: str | None = None
+    # With a denial while tenants wait here: how many of them stand before the asker.
+    ahead: int | None = None
     v: int = PROTOCOL_VERSION
 
 

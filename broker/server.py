@@ -48,7 +48,12 @@ def find_binary() -> str:
 
 
 def die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM this child when its parent dies (no-op elsewhere)."""
+    """preexec_fn: ask Linux to SIGTERM this child when its parent dies (no-op elsewhere).
+
+    Linux means the parent *thread*: a child started from a thread that then ends is killed
+    with it (a server restarted from a short-lived thread would die at once). Start such
+    children from a thread that outlives them, as the main thread does.
+    """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -86,10 +86,17 @@ class Fabric:
         return fabric
 
     async def start(self) -> None:
-        """Create the tenant's streams and buckets and start watching adverts."""
+        """Create the tenant's streams and buckets and start watching adverts.
+
+        Under the call retry policy: a server restarting meanwhile (an operator adding a
+        tenant restarts it) delays the start, it does not fail it.
+        """
+        self.fleet = FleetView(self.conn, self.broker, self.metrics)
+        await self.broker.call_retry.call(self._start_once, what="start the fabric")
+
+    async def _start_once(self) -> None:
         await ensure_own_tenant(self.conn, self.broker, self.settings.tenant)
         self._kernels = await buckets.kernels_store(self.conn.js, self.broker, self.settings.tenant)
-        self.fleet = FleetView(self.conn, self.broker, self.metrics)
         await self.fleet.start()
 
     async def close(self) -> None:
@@ -105,15 +112,19 @@ class Fabric:
         await self.close()
 
     def gpu(
-        self, vram: int | str | None = None, *, wait_s: float = 30.0
+        self, vram: int | str | None = None, *, wait_s: float | None = None
     ) -> AbstractAsyncContextManager[GpuSession]:
         """Lease one slice of `vram` (bytes or "2GiB") for an `async with` block.
 
         The slice is renewed while the block runs and released when it ends, however it
-        ends; `await gpu.run(fn, *args, **kwargs)` runs a function on it.
+        ends; `await gpu.run(fn, *args, **kwargs)` runs a function on it. Waiting for a
+        free slice (up to `wait_s`; None: until one is free, or Ctrl-C) shows a line on
+        stderr with how many tenants stand ahead. A slice the node takes back (no call for
+        its idle time, or the fair share) is leased again by the next call.
 
         Raises:
             CodeRefused: no live worker runs this Python's functions (on entry).
+            SliceTooLarge: no GPU of the fleet is as large as `vram` (on entry, at once).
             CapacityExceeded: no slice was free within `wait_s` (on entry).
         """
         return gpu_session(self, vram, wait_s)

@@ -46,11 +46,16 @@ class FleetView:
     _pruner: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
     async def start(self) -> None:
-        """Subscribe to heartbeats, then load the adverts the bucket holds now."""
-        subject = self.broker.subjects.advert_filter()
-        self._sub = await self.conn.nc.subscribe(subject, cb=self._on_advert)
+        """Subscribe to heartbeats, then load the adverts the bucket holds now.
+
+        Safe to call again after it failed part-way (the subscription is made once).
+        """
+        if self._sub is None:
+            subject = self.broker.subjects.advert_filter()
+            self._sub = await self.conn.nc.subscribe(subject, cb=self._on_advert)
         await self._load()
-        self._pruner = asyncio.get_running_loop().create_task(self._prune_loop())
+        if self._pruner is None:
+            self._pruner = asyncio.get_running_loop().create_task(self._prune_loop())
 
     async def _load(self) -> None:
         for key, data in (await stored_adverts(self.conn, self.broker)).items():

@@ -6,12 +6,18 @@ while the block runs and releases it when the block ends, however it ends. `gpu.
 *args, **kwargs)` is one request-reply to the node holding the lease, which runs the call
 in the lease's executor slot and answers with its outcome; at-least-once delivery stays the
 batch path's job.
+
+Kicked out and put back: a node takes a block's slice back when it ran no call for the
+operator's idle time, or for the fair share; the block's next call leases a slice again
+(waiting if it must, and saying so) and is sent there. A call the node refused because the
+lease had ended ran nothing, so it is sent again once on the new slice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +34,7 @@ from vramfabric.broker.errors import (
     CodeRefused,
     ErrorKind,
     LeaseExpired,
+    SliceTooLarge,
 )
 from vramfabric.broker.messages import Lease
 from vramfabric.broker.settings import parse_size
@@ -54,6 +61,14 @@ log = logging.getLogger(__name__)
 DEFAULT_CALL_TIMEOUT_S = 3600.0
 # The reply may come this much after the call's deadline (the node's kill and answer).
 _REPLY_MARGIN_S = 5.0
+# How often a wait for a slice asks the fleet again, at the most.
+_ASK_EVERY_S = 1.0
+
+
+def to_stderr(line: str) -> None:
+    """Show a waiting line on stderr, rewritten in place (a carriage return) as it changes."""
+    sys.stderr.write(line)
+    sys.stderr.flush()
 
 
 @attrs.define
@@ -63,7 +78,13 @@ class GpuSession:
     fabric: Fabric
     pool: LeasePool
     work: JobWork
+    # How long a lease waits for a free slice (None: until one is free, or Ctrl-C).
+    wait_s: float | None = None
+    # Where a wait for a slice is shown: a line, rewritten as the queue moves.
+    say: Callable[[str], None] = to_stderr
     lease: Lease | None = attrs.field(default=None, init=False)
+    # The block ended: its slice was given back for good, and calls fail.
+    ended: bool = attrs.field(default=False, init=False)
     calls: int = attrs.field(default=0, init=False)
     # Where this block's calls print (calling.py).
     printer: Printer = attrs.field(factory=Printer, init=False)
@@ -133,7 +154,6 @@ class GpuSession:
         timeout_s: float | None,
         on_output: OnOutput,
     ) -> Any:
-        lease = self._held()
         data = encode_input(payload)
         if len(data) > MAX_CALL_BYTES:
             raise TypeError(
@@ -141,6 +161,21 @@ class GpuSession:
                 f"most {MAX_CALL_BYTES} (pass less, or run a batch job)"
             )
         deadline_s = timeout_s or DEFAULT_CALL_TIMEOUT_S
+        lease, reply = await self._call_once(work, data, name, deadline_s, on_output)
+        if not reply.ok and reply.error_kind is ErrorKind.LEASE_EXPIRED and not reply.started:
+            # Taken back before this block heard of it: nothing ran. Lease a slice again
+            # (`_held`), and send the call there.
+            self.pool.leases.pop(lease.lease_id, None)
+            lease, reply = await self._call_once(work, data, name, deadline_s, on_output)
+        self.calls += 1
+        if not reply.ok:
+            raise _error_of(reply, lease, deadline_s)
+        return outcome(reply.output or b"")
+
+    async def _call_once(
+        self, work: JobWork, data: bytes, name: str, deadline_s: float, on_output: OnOutput
+    ) -> tuple[Lease, CallReply]:
+        lease = await self._held()
         req = CallRequest(
             lease_id=lease.lease_id,
             name=name[:200],
@@ -152,42 +187,86 @@ class GpuSession:
         )
         wait_s = deadline_s + _REPLY_MARGIN_S
         reply = await send_call(self.fabric, lease.node, req, wait_s, self.printer, on_output)
-        self.calls += 1
-        if not reply.ok:
-            raise _error_of(reply, lease, deadline_s)
-        return outcome(reply.output or b"")
+        return lease, reply
 
-    def _held(self) -> Lease:
-        if self.lease is None or self.lease.lease_id not in self.pool.leases:
+    async def _held(self) -> Lease:
+        """The block's lease; if a node took it back, a new one (waiting as `acquire` does)."""
+        if self.lease is not None and self.lease.lease_id in self.pool.leases:
+            return self.lease
+        if self.ended:
             raise LeaseExpired(self.lease.lease_id if self.lease else "(none)")
+        self.lease = None
+        await self.acquire(again=True)
+        assert self.lease is not None  # acquire returns only holding one
         return self.lease
 
-    async def acquire(self, wait_s: float) -> None:
-        """Lease the slice, waiting up to `wait_s` for one to be free.
+    async def acquire(self, again: bool = False) -> None:
+        """Lease the slice, waiting up to `wait_s` for one to be free, showing the wait.
 
         Raises:
             CodeRefused: no live worker runs this Python's functions.
+            SliceTooLarge: no GPU of those workers is as large as the slice.
             CapacityExceeded: no slice was free within `wait_s`.
         """
-        fleet = self.fabric.fleet
-        if not any(self.work.runs_on(a) for a in fleet.adverts.values()):
+        runs = [a for a in self.fabric.fleet.adverts.values() if self.work.runs_on(a)]
+        if not runs:
             raise CodeRefused(
                 f"no live worker runs Python functions on Python {self.work.python} "
-                f"(of {len(fleet.adverts)} live: start workers with --allow-code)"
+                f"(of {len(self.fabric.fleet.adverts)} live: start workers with --allow-code)"
             )
-        deadline = time.monotonic() + wait_s
-        while not await self.pool.acquire(1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CapacityExceeded(wanted=1, got=0)
-            await fleet.wait_changed(timeout_s=min(left, 1.0))
+        self._check_fits(runs)
+        t0 = time.monotonic()
+        shown = ""
+        try:
+            while not await self.pool.acquire(1):
+                left = None if self.wait_s is None else t0 + self.wait_s - time.monotonic()
+                if left is not None and left <= 0:
+                    raise CapacityExceeded(wanted=1, got=0)
+                line = self._waiting_line(again)
+                if line != shown:
+                    self.say(f"\r{line}")
+                    shown = line
+                step = _ASK_EVERY_S if left is None else min(left, _ASK_EVERY_S)
+                await self.fabric.fleet.wait_changed(timeout_s=step)
+        finally:
+            if shown:
+                waited_s = time.monotonic() - t0
+                got = "got a slice" if self.pool.leases else "no slice"
+                self.say(f"\r{shown} ... {got} after {waited_s:.1f} s\n")
         self.lease = next(iter(self.pool.leases.values()))
-        self.pool.start_renewing()
+        if not again:
+            self.pool.start_renewing()
+
+    def _waiting_line(self, again: bool) -> str:
+        """What a person sees while the block waits for a slice."""
+        what = "the slice was taken back; waiting for another" if again else "waiting for a slice"
+        ahead = self.pool.ahead
+        queue = "the fleet is full" if ahead is None else f"{ahead} tenant(s) ahead"
+        until = "Ctrl-C to stop" if self.wait_s is None else f"up to {self.wait_s:g} s"
+        return f"vramfabric: {what} of {_gib(self.pool.settings.slice_bytes)} ({queue}; {until})"
+
+    def _check_fits(self, runs: list[Any]) -> None:
+        """Fail at once where no GPU of the workers that run the call holds the slice."""
+        need = self.pool.settings.slice_bytes
+        gpus = [(g.total_bytes, a.node) for a in runs for g in a.gpus]
+        if not gpus:
+            return
+        largest, node = max(gpus)
+        if need > largest:
+            raise SliceTooLarge(
+                f"no GPU in the fleet holds a slice of {_gib(need)}: the largest slice it "
+                f"has is {_gib(largest)} (a whole GPU of node {node})"
+            )
 
     async def release(self) -> None:
         """Give the slice back (shielded: an interrupted block still releases it)."""
+        self.ended = True
         await asyncio.shield(self.pool.release())
         await self.printer.close()
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"
 
 
 def _error_of(reply: CallReply, lease: Lease, timeout_s: float) -> Exception:
@@ -203,16 +282,21 @@ def _error_of(reply: CallReply, lease: Lease, timeout_s: float) -> Exception:
 
 @asynccontextmanager
 async def gpu_session(
-    fabric: Fabric, vram: int | str | None = None, wait_s: float = 30.0
+    fabric: Fabric,
+    vram: int | str | None = None,
+    wait_s: float | None = None,
+    say: Callable[[str], None] = to_stderr,
 ) -> AsyncIterator[GpuSession]:
     """Lease one slice of `vram` (bytes or "2GiB"; default the slice size) for the block."""
     slice_bytes = fabric.settings.slice_bytes if vram is None else _size(vram)
+    if wait_s is not None and wait_s < 0:
+        raise ValueError(f"wait_s must be 0 or more (None: until a slice is free), got {wait_s}")
     work = await fabric.call_work()
     name = fabric.broker.subjects.interactive_job(uuid.uuid4().hex[:12])
     pool = fabric.lease_set(name, work.runs_on, slice_bytes)
-    session = GpuSession(fabric, pool, work)
+    session = GpuSession(fabric, pool, work, wait_s, say)
     try:
-        await session.acquire(wait_s)
+        await session.acquire()
         log.info("gpu block leased node=%s lease=%s", session.node, name)
         yield session
     finally:

@@ -71,6 +71,8 @@ class LeasePool:
     eligible: Callable[[NodeAdvert], bool] = attrs.field(default=lambda _advert: True)
     leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
     denials: int = attrs.field(default=0, init=False)
+    # What the last denial said of the queue: tenants standing before this one (None: unsaid).
+    ahead: int | None = attrs.field(default=None, init=False)
     # Leases the nodes ended at renewal to give another tenant its fair share.
     revoked: int = attrs.field(default=0, init=False)
     peak: int = attrs.field(default=0, init=False)
@@ -151,6 +153,7 @@ class LeasePool:
             return []
         if grant.denied:
             self.denials += 1
+            self.ahead = grant.ahead
             log.info("lease denied node=%s reason=%s", node, grant.denied)
         for lease in grant.leases:
             self.leases[lease.lease_id] = lease

@@ -140,7 +140,7 @@ class InPlaceFabric:
 
     settings: InPlaceSettings
 
-    def gpu(self, vram: int | str | None = None, *, wait_s: float = 30.0) -> InPlaceBlock:
+    def gpu(self, vram: int | str | None = None, *, wait_s: float | None = None) -> InPlaceBlock:
         """A block on this slice (`vram` and `wait_s` do not apply: it is held already)."""
         return InPlaceBlock(self.settings)
 

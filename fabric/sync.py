@@ -173,7 +173,7 @@ class SyncFabric:
     core: Fabric
     _closed: bool = attrs.field(default=False, init=False)
 
-    def gpu(self, vram: int | str | None = None, *, wait_s: float = 30.0) -> GpuBlock:
+    def gpu(self, vram: int | str | None = None, *, wait_s: float | None = None) -> GpuBlock:
         """One slice of `vram` ("2GiB", bytes; default the slice size) for a `with` block."""
         return GpuBlock(self._loop, self.core.gpu(vram, wait_s=wait_s))
 

@@ -160,6 +160,7 @@ class Agent:
             on_waiting=self._heartbeat.poke,
             quota=await open_book(js, self.broker, self.ledger, policy),
             queue_limit=self.settings.lease_queue,
+            gpu_idle_s=self.settings.gpu_idle_s,
         )
         # Every heartbeat takes back what others wait for, whatever the leases' TTL.
         self._heartbeat.reclaim = service.reclaim

@@ -94,6 +94,8 @@ class CallService:
         except (InvalidMessage, ValueError) as exc:
             self.metrics.invalid("call")
             reply = self._failed(ErrorKind.INVALID_MESSAGE, str(exc), t0)
+        except LeaseExpired as exc:  # not a live lease here: nothing of the call ran
+            reply = self._failed(exc.kind, str(exc), t0, started=False)
         except ChunkFailed as exc:
             reply = self._failed(exc.error_kind, str(exc), t0)
         except VramfabricError as exc:  # refused, timed out, crashed, lease gone: the reply says
@@ -111,13 +113,14 @@ class CallService:
         task = asyncio.current_task()
         return task is not None and task.cancelling() > 0
 
-    def _failed(self, kind: ErrorKind, error: str, t0: float) -> CallReply:
+    def _failed(self, kind: ErrorKind, error: str, t0: float, started: bool = True) -> CallReply:
         return CallReply(
             ok=False,
             error_kind=kind,
             error=error[:4000],
             node=self.runner.node,
             elapsed_s=time.time() - t0,
+            started=started,
         )
 
     async def _replied(self, tenant: str, lease: Lease, output: bytes, t0: float) -> CallReply:

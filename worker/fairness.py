@@ -196,14 +196,22 @@ class FleetShare:
         if use >= share:
             return 0, SHARE
         # Below its share by less than a slice: one slice, if no one stands before it.
-        mine = self._standing(tenant, use, now)
-        before = ahead(mine, (self._standing(w, view.use[w], now) for w in self._queued(view, now)))
+        before = self._before(tenant, view, now)
         if not before:
             return 1, SHARE if count > 1 else ""
         if self._has_room(slice_bytes):
             for other in before:
                 self._deferred.setdefault(other, now)
         return 0, f"{TURN}: {len(before)} waiting tenant(s) first"
+
+    def place(self, tenant: str, now: float) -> int | None:
+        """How many waiting tenants stand before `tenant` for a slice here (None: none wait)."""
+        view = self._contended(tenant, now)
+        return None if view is None else len(self._before(tenant, view, now))
+
+    def _before(self, tenant: str, view: Contention, now: float) -> list[str]:
+        mine = self._standing(tenant, view.use[tenant], now)
+        return ahead(mine, (self._standing(w, view.use[w], now) for w in self._queued(view, now)))
 
     def _has_room(self, slice_bytes: int) -> bool:
         """Whether a healthy GPU here could grant a slice now."""

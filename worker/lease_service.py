@@ -8,7 +8,9 @@ the bound is refused at once as `busy`, so a tenant's flood delays others by abo
 its requests. `held` tells a tenant its own leases here by job (adverts carry no job ids).
 A tenant with a quota is served under its QuotaBook lock: the reservation in KV comes
 first, the ledger change after it, so no node grants past the reservation it wrote. The
-fair share takes leases back at renewals and, through `reclaim`, at every heartbeat.
+fair share takes leases back at renewals and, through `reclaim`, at every heartbeat;
+`reclaim` also takes back an interactive block's lease whose slot ran no call for
+`gpu_idle_s`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class LeaseService:
     # Strict quotas; None only where no tenant has one (a tenant with one is then denied).
     quota: QuotaBook | None = None
     queue_limit: int = QUEUE_LIMIT
+    # An interactive lease whose slot ran nothing for this long is taken back (0: never).
+    gpu_idle_s: float = 0.0
     _intake: LeaseIntake = attrs.field(init=False)
     _revoked: Revoked = attrs.field(factory=Revoked, init=False)
     _settling: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
@@ -196,6 +200,8 @@ class LeaseService:
         if len(grant.leases) < req.count:
             # Not all it asked for, for lack of room: it waits (the fleet learns by adverts).
             self._waits(tenant, now)
+            if not grant.leases:
+                grant = attrs.evolve(grant, ahead=self.fair.place(tenant, now))
         elif not cap[1]:
             self.fair.satisfied(tenant)
         if grant.leases:
@@ -207,7 +213,8 @@ class LeaseService:
     def _deny(self, tenant: str, reason: str) -> LeaseGrant:
         # The metric's label is the reason's kind, never its free text.
         self.metrics.lease_denials_total.labels(tenant=tenant, reason=reason.split(":")[0]).inc()
-        return LeaseGrant(node=self.node, leases=(), denied=reason)
+        place = self.fair.place(tenant, time.monotonic())
+        return LeaseGrant(node=self.node, leases=(), denied=reason, ahead=place)
 
     async def _renew(self, tenant: str, renew: RenewRequest, now: float, wall: float) -> RenewReply:
         revoke, why = self.fair.to_revoke(tenant, self._live(tenant, renew.lease_ids, now), now)
@@ -249,8 +256,12 @@ class LeaseService:
         ]
 
     async def reclaim(self) -> None:
-        """Take back, whatever their TTL, the leases others wait for (called every heartbeat)."""
+        """Take back, whatever their TTL, idle blocks' leases and those others wait for.
+
+        Called every heartbeat.
+        """
         now = time.monotonic()
+        self._take_back_idle(now)
         if not self.fair.waiting(now):
             return
         by_tenant: dict[str, list[Lease]] = {}
@@ -265,6 +276,25 @@ class LeaseService:
                     "revoked", node=self.node, tenant=tenant, count=len(ids), at=time.time()
                 )
                 await self._intake.send(self.subjects.event(event.kind), encode(event))
+
+    def _take_back_idle(self, now: float) -> None:
+        """End the `fabric.gpu()` leases whose slot ran no call for `gpu_idle_s`.
+
+        An open block in a notebook nobody uses would hold its slice for ever; its next call
+        leases again (coordinator/interactive.py).
+        """
+        if self.gpu_idle_s <= 0:
+            return
+        idle: dict[str, list[str]] = {}
+        for lease in self.ledger.holding():
+            if (
+                self.subjects.is_interactive(lease.job)
+                and self.ledger.is_live(lease.lease_id, now)
+                and self.ledger.idle_for(lease.lease_id, now) >= self.gpu_idle_s
+            ):
+                idle.setdefault(lease.tenant, []).append(lease.lease_id)
+        for tenant, ids in idle.items():
+            self._take_back(tenant, ids, f"idle: no call for {self.gpu_idle_s:g} s")
 
     def _take_back(self, tenant: str, lease_ids: list[str], why: str) -> None:
         """End leases for the fair share, remembering why for their holder's next renewal."""

@@ -9,6 +9,7 @@ idle again (`vacate`): until then no other lease can be granted on that memory.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -58,6 +59,8 @@ class SliceLedger:
     # Monotonic expiry and grant time per lease id.
     _deadline: dict[str, float] = attrs.field(factory=dict, init=False)
     _granted: dict[str, float] = attrs.field(factory=dict, init=False)
+    # Monotonic time each lease's slot last went idle: its grant, or the end of its last run.
+    _idle_since: dict[str, float] = attrs.field(factory=dict, init=False)
     # Leases whose slot runs a chunk now, and those of them already released or expired.
     _busy: set[str] = attrs.field(factory=set, init=False)
     _retiring: dict[str, Lease] = attrs.field(factory=dict, init=False)
@@ -99,6 +102,7 @@ class SliceLedger:
             self._leases[lease.lease_id] = lease
             self._deadline[lease.lease_id] = now + ttl_s
             self._granted[lease.lease_id] = now
+            self._idle_since[lease.lease_id] = now
             self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
             self._used[gpu] = self._used.get(gpu, 0) + need
             granted.append(lease)
@@ -184,6 +188,7 @@ class SliceLedger:
         del self._leases[lease.lease_id]
         del self._deadline[lease.lease_id]
         del self._granted[lease.lease_id]
+        del self._idle_since[lease.lease_id]
         ids_of_job = self._by_job[(lease.tenant, lease.job)]
         ids_of_job.discard(lease.lease_id)
         if not ids_of_job:
@@ -212,6 +217,11 @@ class SliceLedger:
         granted = self._granted.get(lease_id)
         return 0.0 if granted is None else now - granted
 
+    def idle_for(self, lease_id: str, now: float) -> float:
+        """How long (monotonic seconds) the lease's slot has run nothing; 0 while it runs."""
+        since = self._idle_since.get(lease_id)
+        return 0.0 if since is None or lease_id in self._busy else now - since
+
     def is_busy(self, lease_id: str) -> bool:
         """Whether the lease's slot runs a chunk now."""
         return lease_id in self._busy
@@ -227,6 +237,8 @@ class SliceLedger:
     def vacate(self, lease_id: str) -> None:
         """Mark the slot idle; a lease released or expired meanwhile gives its VRAM back now."""
         self._busy.discard(lease_id)
+        if lease_id in self._idle_since:
+            self._idle_since[lease_id] = time.monotonic()
         lease = self._retiring.pop(lease_id, None)
         if lease is not None:
             self._used[lease.gpu] -= lease.slice_bytes

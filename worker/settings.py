@@ -23,6 +23,10 @@ def default_node_name() -> str:
     return f"{host[:40] or 'node'}-{uuid.uuid4().hex[:6]}"
 
 
+# How long an interactive block may hold a slice without a call (VRAMFABRIC_GPU_IDLE_S).
+GPU_IDLE_S = 120.0
+
+
 @attrs.frozen
 class WorkerSettings:
     """How one node agent serves its GPUs.
@@ -71,6 +75,9 @@ class WorkerSettings:
     # Under contention, a tenant above its share by less than a slice keeps a slice this long
     # before its turn passes to a waiting tenant (worker/fairness.py).
     turn_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    # A `fabric.gpu()` block's lease whose slot ran no call for this long is taken back (its
+    # next call leases again); 0 never takes one back.
+    gpu_idle_s: float = attrs.field(default=GPU_IDLE_S, validator=attrs.validators.ge(0))
     # Recent service, which orders waiting tenants, halves in this time (worker/served.py).
     service_halflife_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
     # Lease requests of one tenant queued or in service on a node; more are refused as busy.
@@ -118,6 +125,7 @@ class WorkerSettings:
             chunk_timeout_s=env_float(environ, "VRAMFABRIC_CHUNK_TIMEOUT_S", 3600.0),
             waiting_ttl_s=env_float(environ, "VRAMFABRIC_WAITING_TTL_S", 10.0),
             turn_s=env_float(environ, "VRAMFABRIC_TURN_S", 30.0),
+            gpu_idle_s=env_float(environ, "VRAMFABRIC_GPU_IDLE_S", GPU_IDLE_S),
             service_halflife_s=env_float(environ, "VRAMFABRIC_SERVICE_HALFLIFE_S", 60.0),
             lease_queue=env_int(environ, "VRAMFABRIC_LEASE_QUEUE", 64),
             max_executors_per_gpu=env_int(environ, "VRAMFABRIC_MAX_EXECUTORS_PER_GPU", 8),
