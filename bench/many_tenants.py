@@ -42,7 +42,7 @@ def nothing(x: int) -> int:
 
 def chunk(x: int) -> float:
     """One chunk of the running job: a short wait, then its own number."""
-    time.sleep(0.02)  # stands in for the chunk's GPU work
+    time.sleep(0.1)  # stands in for the chunk's GPU work
     return float(x)
 
 
@@ -140,7 +140,7 @@ def main() -> int:
     p.add_argument("--tenants", type=int, default=500)
     p.add_argument("--probes", type=int, default=20)
     p.add_argument("--add", type=int, default=50)
-    p.add_argument("--chunks", type=int, default=6000)
+    p.add_argument("--chunks", type=int, default=16000)
     args = p.parse_args()
     if args.tenants < 1 or args.probes < 1 or args.add < 0 or args.chunks < 1:
         p.error("--tenants, --probes and --chunks must be 1 or more, --add 0 or more")

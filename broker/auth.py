@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import attrs
@@ -28,6 +28,10 @@ from .subjects import Subjects
 from .tenants import OPERATOR_USER, WORKERS_USER, Credential, Tenant, TenantsFile
 
 _API = "$JS.API"
+# nats-server's own default JetStream memory total: this share of the host's memory.
+_HOST_SHARE = 0.75
+# Memory beyond the tenants' limits in an overcommitted total: the fabric's own account.
+_FABRIC_ROOM_BYTES = 2**30
 
 
 def _stream_reads(stream: str) -> list[str]:
@@ -208,8 +212,28 @@ def server_config(
     The operator has no permission limits. The config is JSON, which nats-server's
     config parser reads as it is (no escaping rules of our own to get wrong).
     """
-    config = {"listen": f"{host}:{port}", "jetstream": {}, "accounts": accounts(tenants, subjects)}
+    config = {
+        "listen": f"{host}:{port}",
+        "jetstream": _jetstream(tenants),
+        "accounts": accounts(tenants, subjects),
+    }
     return json.dumps(config, indent=2)
+
+
+def _jetstream(tenants: TenantsFile) -> dict[str, object]:
+    """The server's `jetstream` block: totals with room for every tenant account's limits.
+
+    nats-server reserves each account's `max_mem` out of its own total (by default 75% of
+    the host's memory) and will not start where they do not fit: 500 tenants at the default
+    256 MiB are 125 GiB. Where they would not fit, the total is set to their sum plus the
+    fabric's room: each tenant stays bound by its limit, but together they are promised
+    more memory than the host holds (docs/operations.md, Account limits).
+    """
+    reserved = sum(max(t.limits.memory_storage_bytes, 0) for t in tenants.tenants)
+    host_bytes = int(_HOST_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if reserved + _FABRIC_ROOM_BYTES <= host_bytes:
+        return {}
+    return {"max_memory_store": reserved + _FABRIC_ROOM_BYTES}
 
 
 def _export(
@@ -330,10 +354,13 @@ def settings_for(base: BrokerSettings, user: str, password: str | None) -> Broke
     return attrs.evolve(base, user=user, password=password, creds_file=None, nkey_seed_file=None)
 
 
-async def provision_tenants(operator: BrokerSettings, tenants: TenantsFile) -> None:
+async def provision_tenants(
+    operator: BrokerSettings, tenants: TenantsFile, only: Collection[str] | None = None
+) -> None:
     """As the operator, create the fabric's buckets, then each tenant's streams and stores.
 
-    Each tenant's are made in its own account, logged in as the operator's user there.
+    Each tenant's are made in its own account, logged in as the operator's user there;
+    `only` names the tenants to provision (None: all), such as those just added.
     """
     conn = await connect(operator, name="provision")
     try:
@@ -341,6 +368,8 @@ async def provision_tenants(operator: BrokerSettings, tenants: TenantsFile) -> N
     finally:
         await conn.close()
     for tenant in tenants.tenants:
+        if only is not None and tenant.name not in only:
+            continue
         inside = settings_for(operator, operator_user(tenant.name), operator.password)
         conn = await connect(inside, name="provision")
         try:

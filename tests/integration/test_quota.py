@@ -131,6 +131,35 @@ async def test_a_released_lease_gives_its_room_to_another_node(
     assert held([first, second]) == QUOTA_SLICES
 
 
+async def test_a_released_lease_whose_work_still_runs_counts_against_the_quota(
+    conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory, policy_file: str
+) -> None:
+    # Given alice holding her whole quota on one node, a chunk still running on one lease
+    # (its slot marked busy, as the chunk runner marks it while the work runs)
+    first, second = await nodes(agent_factory, policy_file, 2)
+    grant = await acquire(conn, broker, first.settings.node, QUOTA_SLICES, "r1")
+    assert len(grant.leases) == QUOTA_SLICES
+    busy = grant.leases[0].lease_id
+    first.ledger.occupy(busy)
+    # When she releases all of them
+    ids = tuple(lease.lease_id for lease in grant.leases)
+    reply = await conn.nc.request(
+        broker.subjects.lease("alice", first.settings.node, "release"),
+        encode(ReleaseRequest(lease_ids=ids)),
+        timeout=5,
+    )
+    assert decode(ReleaseReply, reply.data).released == ids
+    # Then the slice whose work still runs is still hers: the other node grants one less
+    # than her quota, and the first node's VRAM shows it held
+    more = await acquire(conn, broker, second.settings.node, 8, "r2")
+    assert len(more.leases) == QUOTA_SLICES - 1
+    assert held([first, second]) == QUOTA_SLICES
+    assert first.ledger.leased_bytes == GIB
+    # And once the work stopped, the slice is free on its node
+    first.ledger.vacate(busy)
+    assert first.ledger.leased_bytes == 0
+
+
 async def test_an_expired_lease_gives_its_room_back(
     conn: Connection, broker: BrokerSettings, agent_factory: AgentFactory, policy_file: str
 ) -> None:
