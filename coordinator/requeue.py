@@ -20,6 +20,7 @@ cost a slice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -39,7 +40,16 @@ _WINDOW = 64
 
 
 async def queued_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:
-    """The job's chunks in its queued work messages (read one by one: a resume's only)."""
+    """The job's chunks in its queued work messages (read one by one: a resume's only).
+
+    Under the call retry policy: a read, done again whole after a timeout (a busy cluster's
+    API answered one too late, and the run died before its first chunk).
+    """
+    read = functools.partial(_read_queued, conn, broker, spec)
+    return await broker.call_retry.call(read, what=f"read queued chunks job={spec.job_id}")
+
+
+async def _read_queued(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:
     s = broker.subjects
     stream = s.work_stream(spec.tenant)
     subject = s.work(spec.tenant, spec.job_id)
@@ -65,7 +75,17 @@ async def queued_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec)
 async def not_queued(
     conn: Connection, broker: BrokerSettings, spec: JobSpec, repeats: Sequence[tuple[Span, int]]
 ) -> list[Span]:
-    """The spans of `repeats` (span, first message's sequence) whose message is gone."""
+    """The spans of `repeats` (span, first message's sequence) whose message is gone.
+
+    Reads only, under the call retry policy.
+    """
+    look = functools.partial(_not_queued, conn, broker, spec, repeats)
+    return await broker.call_retry.call(look, what=f"look up repeats job={spec.job_id}")
+
+
+async def _not_queued(
+    conn: Connection, broker: BrokerSettings, spec: JobSpec, repeats: Sequence[tuple[Span, int]]
+) -> list[Span]:
     s = broker.subjects
     stream = s.work_stream(spec.tenant)
     with nats_errors():
