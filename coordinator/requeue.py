@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import nats.js.errors
 
@@ -120,18 +120,18 @@ def _ends(span: Span) -> tuple[int, int | None]:
 
 
 async def _stored(conn: Connection, stream: str, subject: str) -> bool:
-    with nats_errors():
-        try:
-            await conn.js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
-            return False
-    return True
+    return await _found(conn.js.get_last_msg(stream, subject))
 
 
 async def _queued(conn: Connection, stream: str, seq: int) -> bool:
+    return await _found(conn.js.get_msg(stream, seq))
+
+
+async def _found(lookup: Awaitable[object]) -> bool:
+    """Whether a message lookup found its message (not found is an answer, not an error)."""
     with nats_errors():
         try:
-            await conn.js.get_msg(stream, seq)
+            await lookup
         except nats.js.errors.NotFoundError:
             return False
     return True

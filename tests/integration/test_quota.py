@@ -65,6 +65,18 @@ async def acquire(
     return decode(LeaseGrant, reply.data)
 
 
+async def release(
+    conn: Connection, broker: BrokerSettings, node: str, ids: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Release alice's leases `ids` on one node; the ids it says it released."""
+    reply = await conn.nc.request(
+        broker.subjects.lease("alice", node, "release"),
+        encode(ReleaseRequest(lease_ids=ids)),
+        timeout=5,
+    )
+    return tuple(decode(ReleaseReply, reply.data).released)
+
+
 def held(agents: list[Agent], tenant: str = "alice") -> int:
     """Slices the tenant holds over the fleet, from the nodes' ledgers."""
     return sum(1 for a in agents for lease in a.ledger.holding() if lease.tenant == tenant)
@@ -119,12 +131,7 @@ async def test_a_released_lease_gives_its_room_to_another_node(
     assert (await acquire(conn, broker, second.settings.node, 1, "r2")).denied == "quota"
     # When she releases two of them
     ids = tuple(lease.lease_id for lease in grant.leases[:2])
-    reply = await conn.nc.request(
-        broker.subjects.lease("alice", first.settings.node, "release"),
-        encode(ReleaseRequest(lease_ids=ids)),
-        timeout=5,
-    )
-    assert decode(ReleaseReply, reply.data).released == ids
+    assert await release(conn, broker, first.settings.node, ids) == ids
     # Then the other node grants exactly those two at once, and no more
     more = await acquire(conn, broker, second.settings.node, 8, "r3")
     assert len(more.leases) == 2
@@ -143,12 +150,7 @@ async def test_a_released_lease_whose_work_still_runs_counts_against_the_quota(
     first.ledger.occupy(busy)
     # When she releases all of them
     ids = tuple(lease.lease_id for lease in grant.leases)
-    reply = await conn.nc.request(
-        broker.subjects.lease("alice", first.settings.node, "release"),
-        encode(ReleaseRequest(lease_ids=ids)),
-        timeout=5,
-    )
-    assert decode(ReleaseReply, reply.data).released == ids
+    assert await release(conn, broker, first.settings.node, ids) == ids
     # Then the slice whose work still runs is still hers: the other node grants one less
     # than her quota, and the first node's VRAM shows it held
     more = await acquire(conn, broker, second.settings.node, 8, "r2")
