@@ -65,6 +65,10 @@ class Disconnected(TransientError):
     kind = ErrorKind.DISCONNECTED
 
 
+class StaleRead(TransientError):
+    """A replica answered a read from before this client's own write to the same key."""
+
+
 class LeaseExpired(TransientError):
     """The lease a chunk ran on was reaped before the chunk finished."""
 

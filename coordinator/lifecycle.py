@@ -30,6 +30,10 @@ from .records import RecordReader
 
 log = logging.getLogger(__name__)
 
+# Reads and conditional writes of a record a cancel tries before it gives up: any replica
+# answers a read, so a refused write may mean only that the read came from one behind.
+_CANCEL_TRIES = 5
+
 FINAL_STATES = ("done", "failed", "timeout", "cancelled")
 # Records a sweep pulls at a time: it usually stops within the first (it runs after every
 # run, and only jobs past the retention come before its cutoff).
@@ -50,16 +54,20 @@ async def cancel(conn: Connection, broker: BrokerSettings, tenant: str, job: str
         kernel = (await read_spec(conn, broker, tenant, job)).kernel
     except InvalidMessage:  # a spec that does not decode: the job can still be stopped
         kernel = "?"
-    rec, seq = await read_record_at(conn.js, broker, tenant, job)
-    if rec is not None and rec.state in FINAL_STATES:
+    for _ in range(_CANCEL_TRIES):
+        rec, seq = await read_record_at(conn.js, broker, tenant, job)
+        if rec is not None and rec.state in FINAL_STATES:
+            return False  # its coordinator recorded the outcome first
+        if rec is None:
+            cancelled = JobRecord(job=job, kernel=kernel, state="cancelled", started_at=0.0)
+        else:  # keeping what it says of the job (its count, its blob)
+            cancelled = attrs.evolve(rec, state="cancelled", value=None)
+        cancelled = attrs.evolve(cancelled, finished_at=time.time())
+        if await write_record(conn.js, broker, tenant, cancelled, after=seq) is not None:
+            break
+        # Written since the read, or read from a replica behind the last write: read again.
+    else:
         return False
-    if rec is None:
-        cancelled = JobRecord(job=job, kernel=kernel, state="cancelled", started_at=0.0)
-    else:  # keeping what it says of the job (its count, its blob)
-        cancelled = attrs.evolve(rec, state="cancelled", value=None)
-    cancelled = attrs.evolve(cancelled, finished_at=time.time())
-    if not await write_record(conn.js, broker, tenant, cancelled, after=seq):
-        return False  # its coordinator recorded the outcome first
     await _stop_work(conn, broker, tenant, job)
     log.info("job cancelled job=%s tenant=%s", job, tenant)
     return True

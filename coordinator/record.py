@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ from vramfabric.broker.errors import (
     InvalidMessage,
     JobCancelled,
     PermanentError,
+    StaleRead,
     VramfabricError,
     nats_errors,
 )
@@ -49,14 +51,26 @@ _KV_OPERATION, _MARKER_REASON = "KV-Operation", "Nats-Marker-Reason"
 
 
 async def read_key(
-    js: JetStreamContext, broker: BrokerSettings, key: str
+    js: JetStreamContext, broker: BrokerSettings, key: str, at_least: int = 0
 ) -> tuple[bytes | None, int]:
     """A `vf_jobs` key's value (None if absent or deleted) and its subject's last sequence.
 
     Read with a direct get whose API subject names the key: granted per tenant when auth is
     on (broker/auth.py), where the KV API on the shared jobs bucket is not. The sequence is
     0 when the key never was written (or was purged).
+
+    Any replica answers a direct get, and a follower may not have stored the last write yet:
+    with `at_least` (the sequence this client wrote the key at), an older answer is asked
+    again under the call retry policy, and `StaleRead` raised if none catches up.
     """
+    return await broker.call_retry.call(
+        functools.partial(_read_key_once, js, broker, key, at_least), what=f"read {key}"
+    )
+
+
+async def _read_key_once(
+    js: JetStreamContext, broker: BrokerSettings, key: str, at_least: int
+) -> tuple[bytes | None, int]:
     s = broker.subjects
     subject = s.kv_subject(s.jobs_bucket(), key)
     stream = s.kv_stream(s.jobs_bucket())
@@ -64,19 +78,25 @@ async def read_key(
         try:
             raw = await js.get_msg(stream, subject=subject, direct=True)
         except nats.js.errors.NotFoundError:  # never written, or purged by `rm`
-            return None, 0
+            raw = None
         except nats.errors.NoRespondersError:
             # Nothing answers direct gets of a stream that does not exist (no job was ever
             # stored): the key is absent. With the stream there, the error is the server's.
             try:
                 await js.stream_info(stream)
             except nats.js.errors.NotFoundError:
-                return None, 0
-            raise
+                raw = None
+            else:
+                raise
+    seq = 0 if raw is None else raw.seq or 0
+    if seq < at_least:
+        raise StaleRead(f"{key} read at sequence {seq}, written at {at_least}")
+    if raw is None:
+        return None, 0
     headers = raw.headers or {}
     if _KV_OPERATION in headers or _MARKER_REASON in headers or not raw.data:
-        return None, raw.seq or 0
-    return raw.data, raw.seq or 0
+        return None, seq
+    return raw.data, seq
 
 
 async def delete_key(js: JetStreamContext, broker: BrokerSettings, key: str) -> None:
@@ -87,10 +107,13 @@ async def delete_key(js: JetStreamContext, broker: BrokerSettings, key: str) -> 
 
 
 async def read_record_at(
-    js: JetStreamContext, broker: BrokerSettings, tenant: str, job: str
+    js: JetStreamContext, broker: BrokerSettings, tenant: str, job: str, at_least: int = 0
 ) -> tuple[JobRecord | None, int]:
-    """A job's run record (None if it has none, or an unreadable one) and its sequence."""
-    data, seq = await read_key(js, broker, broker.subjects.job_state_key(tenant, job))
+    """A job's run record (None if it has none, or an unreadable one) and its sequence.
+
+    `at_least`: the sequence this client wrote it at (read_key).
+    """
+    data, seq = await read_key(js, broker, broker.subjects.job_state_key(tenant, job), at_least)
     if data is None:
         return None, seq
     try:
@@ -114,24 +137,24 @@ async def write_record(
     rec: JobRecord,
     *,
     after: int | None = None,
-) -> bool:
-    """Store a job's run record (a KV put done as a plain JetStream publish).
+) -> int | None:
+    """Store a job's run record (a KV put done as a plain JetStream publish); its sequence.
 
     With `after` (the sequence the record was read at, 0 for none), the write happens only
-    if nobody wrote the record since: False if someone did (a cancel racing the finish).
+    if nobody wrote the record since: None if someone did (a cancel racing the finish).
     """
     s = broker.subjects
     subject = s.kv_subject(s.jobs_bucket(), s.job_state_key(tenant, rec.job))
     headers = None if after is None else {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(after)}
     try:
         with nats_errors():
-            await js.publish(subject, encode(rec), headers=headers)
+            ack = await js.publish(subject, encode(rec), headers=headers)
     except PermanentError as exc:
         cause = exc.__cause__
         if getattr(cause, "err_code", None) == ERR_CODE_WRONG_LAST_SEQUENCE:
-            return False
+            return None
         raise
-    return True
+    return ack.seq
 
 
 def value_json(value: Any) -> str | None:
@@ -157,7 +180,7 @@ class RunRecord:
     broker: BrokerSettings
     spec: JobSpec
     cancelled: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _started: bool = attrs.field(default=False, init=False)
+    _seq: int = attrs.field(default=0, init=False)  # of the `running` write; 0: not written
     _started_at: float = attrs.field(factory=time.time, init=False)
     _sub: Subscription | None = attrs.field(default=None, init=False)
     _rereads: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
@@ -178,8 +201,7 @@ class RunRecord:
             n_chunks=self.spec.n_chunks,
             kernel_digest=self.spec.kernel_digest,
         )
-        await write_record(self.conn.js, self.broker, self.spec.tenant, rec)
-        self._started = True
+        self._seq = await write_record(self.conn.js, self.broker, self.spec.tenant, rec) or 0
         subject = self.broker.subjects.job_record(self.spec.tenant, self.spec.job_id)
         with nats_errors():
             self._sub = await self.conn.nc.subscribe(subject, cb=self._on_update)
@@ -206,7 +228,10 @@ class RunRecord:
 
     async def _check(self) -> None:
         try:
-            rec = await read_record(self.conn.js, self.broker, self.spec.tenant, self.spec.job_id)
+            # At least at our own write: a replica without it would read as `removed`.
+            rec, _ = await read_record_at(
+                self.conn.js, self.broker, self.spec.tenant, self.spec.job_id, self._seq
+            )
         except VramfabricError as exc:  # a lost server: the next reconnect reads it again
             log.debug("job record unreadable job=%s error=%s", self.spec.job_id, exc)
             return
@@ -250,11 +275,11 @@ class RunRecord:
     async def finish(self, state: str, n_ok: int, n_failed: int, value: Any = None) -> None:
         """Record the outcome, unless the job was cancelled or removed meanwhile (best effort)."""
         await self.stop()
-        if not self._started:
+        if not self._seq:
             return
         try:
             tenant, job = self.spec.tenant, self.spec.job_id
-            now, seq = await read_record_at(self.conn.js, self.broker, tenant, job)
+            now, seq = await read_record_at(self.conn.js, self.broker, tenant, job, self._seq)
             if now is None or now.state == "cancelled":
                 return
             rec = attrs.evolve(
@@ -269,7 +294,7 @@ class RunRecord:
                 n_chunks=n_ok + n_failed if state in ("done", "failed") else now.n_chunks,
             )
             # Only over the record just read: a cancel written meanwhile wins.
-            if not await write_record(self.conn.js, self.broker, tenant, rec, after=seq):
+            if await write_record(self.conn.js, self.broker, tenant, rec, after=seq) is None:
                 log.info("job cancelled while finishing job=%s", job)
         except VramfabricError as exc:
             log.warning("job record not written job=%s error=%s", self.spec.job_id, exc)
