@@ -31,7 +31,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.nuid import NUID
 
-from .errors import PermissionDenied, nats_errors
+from .errors import PermissionDenied, StaleRead, nats_errors
+from .retrying import CallRetry
 from .subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
 
     Raises:
         ValueError: the chunks do not add up to the size or digest the meta records.
+        StaleRead: fewer chunks are stored than the meta records (a replica behind).
         TransientError: a batch of chunks did not come in time.
     """
     stream = Subjects.object_stream(bucket)
@@ -78,6 +80,30 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
         if hashlib.sha256(data).digest() != want:
             raise ValueError(f"object {name} in {bucket} does not match its recorded digest")
     return data
+
+
+async def read_written_object(
+    js: JetStreamContext, retry: CallRetry, bucket: str, name: str
+) -> bytes | None:
+    """An object a message says was written; None if it is still absent at `retry`'s deadline.
+
+    Any replica answers a direct get, and a follower may not yet hold what the leader has
+    acknowledged to the writer: an object absent, or short of its chunks, is read again.
+
+    Raises:
+        ValueError: the chunks do not add up to the size or digest the meta records.
+    """
+
+    async def present() -> bytes:
+        data = await read_object(js, bucket, name)
+        if data is None:
+            raise StaleRead(f"no object {name} in {bucket}")
+        return data
+
+    try:
+        return await retry.call(present, what=f"read object {name}")
+    except StaleRead:
+        return None
 
 
 async def _read_chunks(
@@ -121,6 +147,8 @@ async def _read_chunks(
     finally:
         with contextlib.suppress(Exception):  # the connection may be gone; nothing to undo
             await sub.unsubscribe()
+    if got < n_chunks:  # a replica behind the writer: read_written_object asks again
+        raise StaleRead(f"object on {subject}: {got} of {n_chunks} chunks stored")
     if at != size or got != n_chunks:
         raise ValueError(f"object on {subject}: {at} bytes in {got} chunks, meta says {size}")
     return b"".join(parts)

@@ -34,7 +34,7 @@ from vramfabric.broker.errors import (
     from_nats,
     nats_errors,
 )
-from vramfabric.broker.objects import read_object
+from vramfabric.broker.objects import read_written_object
 
 from .work import JobWork, upload
 
@@ -167,7 +167,7 @@ async def _take_stored(fabric: Fabric, name: str) -> bytes:
     """
     broker, tenant = fabric.broker, fabric.settings.tenant
     bucket = broker.subjects.outputs_store(tenant)
-    data = await read_object(fabric.conn.js, bucket, name)
+    data = await read_written_object(fabric.conn.js, broker.call_retry, bucket, name)
     if data is None:
         raise InvalidMessage("call outcome", f"no object {name} in {bucket}")
     try:

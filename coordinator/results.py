@@ -21,7 +21,7 @@ from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
 from vramfabric.broker.messages import ChunkResult, JobSpec
-from vramfabric.broker.objects import read_object
+from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
@@ -192,7 +192,9 @@ class ResultsConsumer:
         """The result with its output read from the outputs store (or failed, naming why)."""
         bucket = self.broker.subjects.outputs_store(self.spec.tenant)
         try:
-            got = await read_object(self.conn.js, bucket, str(result.output_ref))
+            got = await read_written_object(
+                self.conn.js, self.broker.call_retry, bucket, str(result.output_ref)
+            )
             if got is None:
                 raise InvalidMessage("output", f"no object {result.output_ref} in {bucket}")
         except Exception as exc:  # recorded: the chunk's result becomes a failed one, logged

@@ -24,7 +24,7 @@ from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, PermissionDenied, VramfabricError, from_nats
 from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
-from vramfabric.broker.objects import read_object
+from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.settings import BrokerSettings
 
 from .advert_book import AdvertBook
@@ -293,7 +293,9 @@ class Agent:
     async def _read_blob(self, tenant: str, digest: str) -> bytes | None:
         """A tenant's uploaded code by digest, from its kernels store (in its account)."""
         bucket = self.broker.subjects.kernels_store(tenant)
-        return await read_object(self.conn.tenant_js(tenant), bucket, digest)
+        return await read_written_object(
+            self.conn.tenant_js(tenant), self.broker.call_retry, bucket, digest
+        )
 
     async def _load_spec(self, key: JobKey) -> JobSpec | None:
         """The job's spec from KV, retried while this node still holds leases for the job.
