@@ -8,8 +8,9 @@ nothing tested.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ import pytest_asyncio
 
 from vramfabric.broker import BrokerSettings, Connection, NatsServer, connect
 from vramfabric.broker.errors import ServerError
+
+from .hang_report import reported_after
 
 # Worker processes the tests start run the tests' own code: where executors cannot get uids
 # of their own (a root Python in /root, as on the project's machines), it runs as the worker
@@ -35,6 +38,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, mark))
         if folder == "chaos":
             item.add_marker(pytest.mark.slow)
+
+
+# A hang report is written this long before a test's timeout fires (tests/hang_report.py).
+_REPORT_BEFORE_TIMEOUT_S = 10.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Run the test; shortly before its timeout, report what its asyncio tasks wait on."""
+    mark = item.get_closest_marker("timeout")
+    timeout_s = float(mark.args[0] if mark and mark.args else item.config.getini("timeout") or 0)
+    if timeout_s <= _REPORT_BEFORE_TIMEOUT_S:
+        yield
+        return
+    with reported_after(timeout_s - _REPORT_BEFORE_TIMEOUT_S, sys.stderr):
+        yield
 
 
 def docker_available() -> bool:
