@@ -21,6 +21,7 @@ from vramfabric.broker.errors import (
     VramfabricError,
 )
 
+from . import __version__
 from .exits import (
     RET_BROKEN_PIPE,
     RET_CANCELLED,
@@ -94,6 +95,7 @@ def build_parser(serving_only: bool = False) -> argparse.ArgumentParser:
         prog="vramfabric", description="GPU memory as a pool of leasable VRAM slices."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     if not serving_only:
         _add_demo(sub)
