@@ -26,6 +26,7 @@ from .connection import connect
 from .settings import BrokerSettings
 from .subjects import Subjects
 from .tenants import OPERATOR_USER, WORKERS_USER, Credential, Tenant, TenantsFile
+from .tls import ServerTls
 
 _API = "$JS.API"
 # nats-server's own default JetStream memory total: this share of the host's memory.
@@ -205,7 +206,12 @@ def _user(name: str, cred: Credential, permissions: dict[str, object] | None) ->
 
 
 def server_config(
-    tenants: TenantsFile, subjects: Subjects, *, host: str = "127.0.0.1", port: int = 4222
+    tenants: TenantsFile,
+    subjects: Subjects,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4222,
+    tls: ServerTls | None = None,
 ) -> str:
     """The nats-server config text: JetStream on, one account per tenant and the fabric's.
 
@@ -217,6 +223,8 @@ def server_config(
         "jetstream": _jetstream(tenants),
         "accounts": accounts(tenants, subjects),
     }
+    if tls is not None:  # clients must use TLS: their passwords never cross in clear
+        config["tls"] = tls.client_block()
     return json.dumps(config, indent=2)
 
 

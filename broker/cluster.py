@@ -6,7 +6,9 @@ store, so a killed one restarts with its data and catches up from the others.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import socket
 import tempfile
 from pathlib import Path
@@ -16,6 +18,7 @@ import attrs
 from .errors import ServerError, TransientError
 from .retrying import CallRetry
 from .server import NatsServer
+from .tls import ServerTls
 
 _CONFIG = """\
 server_name: {name}
@@ -25,8 +28,8 @@ cluster {{
   name: {cluster}
   listen: 127.0.0.1:{route_port}
   routes: [{routes}]
-}}
-"""
+{route_tls}}}
+{client_tls}"""
 
 
 def free_ports(n: int) -> list[int]:
@@ -52,13 +55,18 @@ class LocalCluster:
     name: str = "vf"
     # Appended to every server's config, e.g. `accounts: {...}` from `auth.accounts` (auth on).
     extra_config: str = ""
+    # TLS for clients and routes alike: each server presents this certificate to both.
+    tls: ServerTls | None = None
     servers: list[NatsServer] = attrs.field(factory=list, init=False)
+    # Where each server listens for its peers' routes.
+    route_ports: list[int] = attrs.field(factory=list, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
 
     @property
     def urls(self) -> list[str]:
         """Client URLs of every server, running or not."""
-        return [f"nats://127.0.0.1:{s.port}" for s in self.servers]
+        scheme = "tls" if self.tls else "nats"
+        return [f"{scheme}://127.0.0.1:{s.port}" for s in self.servers]
 
     @property
     def url(self) -> str:
@@ -73,8 +81,11 @@ class LocalCluster:
             self._tmp = tempfile.TemporaryDirectory(prefix="vramfabric-cluster-")
             self.base_dir = self._tmp.name
         ports = free_ports(2 * self.size)
-        client_ports, route_ports = ports[: self.size], ports[self.size :]
-        routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
+        client_ports, self.route_ports = ports[: self.size], ports[self.size :]
+        routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports)
+        # JSON is nats-server config syntax too: paths are quoted and escaped for it.
+        route_tls = f"  tls: {json.dumps(self.tls.route_block())}\n" if self.tls else ""
+        client_tls = f"tls: {json.dumps(self.tls.client_block())}\n" if self.tls else ""
         for i in range(self.size):
             folder = Path(self.base_dir) / f"n{i}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -84,14 +95,19 @@ class LocalCluster:
                     name=f"n{i}",
                     port=client_ports[i],
                     cluster=self.name,
-                    route_port=route_ports[i],
+                    route_port=self.route_ports[i],
                     routes=routes,
+                    route_tls=route_tls,
+                    client_tls=client_tls,
                 )
                 + self.extra_config
             )
             self.servers.append(
                 NatsServer(
-                    port=client_ports[i], store_dir=str(folder / "js"), config_file=str(config)
+                    port=client_ports[i],
+                    store_dir=str(folder / "js"),
+                    config_file=str(config),
+                    tls=self.tls,
                 )
             )
         try:
@@ -113,17 +129,34 @@ class LocalCluster:
         try:
             await CallRetry(deadline_s=timeout_s).call(probe, what="cluster jetstream")
         except TransientError as exc:
-            raise ServerError(f"cluster JetStream not ready: {exc}") from exc
+            raise ServerError(f"cluster JetStream not ready: {exc}{self._route_failure()}") from exc
+
+    def _route_failure(self) -> str:
+        """A server's last word on a route whose TLS handshake failed, or nothing.
+
+        A certificate that does not name 127.0.0.1 or does not allow client auth fails so.
+        """
+        for server in self.servers:
+            with contextlib.suppress(OSError):
+                lines = Path(server.log_path).read_text(errors="replace").splitlines()
+                failed = [line for line in lines if "TLS route handshake error" in line]
+                if failed:
+                    return f"; routes refused: {failed[-1].partition('[ERR] ')[2]}"
+        return ""
 
     async def _account_info(self, user: str | None, password: str | None) -> None:
         import nats
 
+        from . import tls
+
+        tls.quiet_closing_noise()
         nc = await nats.connect(
             servers=[u for u, s in zip(self.urls, self.servers, strict=True) if s.pid],
             user=user,
             password=password,
             connect_timeout=1,
             max_reconnect_attempts=1,
+            tls=self.tls.probe_context() if self.tls else None,
         )
         try:
             await nc.jetstream().account_info()

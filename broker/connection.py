@@ -21,7 +21,8 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from .errors import Disconnected, PermissionDenied, TransientError, from_nats
+from . import tls
+from .errors import Disconnected, PermanentError, PermissionDenied, TransientError, from_nats
 from .probe import not_nats
 from .settings import BrokerSettings
 from .subjects import JS_API, Subjects
@@ -40,11 +41,23 @@ class GuardedClient(Client):
     flush) for the server's verdict when `guard` is on (an authenticated connection).
     """
 
-    def __init__(self, guard: bool, flush_timeout_s: float) -> None:
+    def __init__(self, guard: bool, flush_timeout_s: float, require_tls: bool = False) -> None:
         super().__init__()
         self.guard = guard
         self._flush_timeout_s = flush_timeout_s
+        self._require_tls = require_tls
         self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+
+    def _connect_command(self) -> bytes:
+        """nats-py's CONNECT line, refused to a server that must speak TLS but did not ask.
+
+        nats-py upgrades only when the server asks, even for a tls:// URL, so a server (or a
+        machine in the middle) that does not would get the credentials in clear. CONNECT is
+        built after the upgrade, on every (re)connect: refusing here sends nothing.
+        """
+        if self._require_tls and not self._server_info.get("tls_required"):
+            raise nats.errors.Error(f"nats: {tls.NOT_OFFERED}")
+        return super()._connect_command()
 
     def violation(self, message: str) -> bool:
         """Fail the calls waiting on the subject a violation names; True if any was."""
@@ -219,8 +232,10 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         "reconnected_cb": on_reconnect,
     }
     options.update(_credentials(settings))
-    authenticated = bool(settings.user or settings.creds_file or settings.nkey_seed_file)
-    nc = GuardedClient(guard=authenticated, flush_timeout_s=settings.request_timeout_s)
+    # nats-py takes None as "not given": its own default context for a tls:// URL.
+    options.update(tls=settings.tls, tls_hostname=settings.tls_hostname)
+    tls.quiet_closing_noise()  # any server may ask for TLS, even for a nats:// URL
+    nc = GuardedClient(settings.authenticated, settings.request_timeout_s, settings.tls_required)
     try:
         # The first connect retries until the deadline, then fails rather than hang forever.
         await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
@@ -279,6 +294,8 @@ async def _connect_error(
     err = from_nats(exc)
     if not isinstance(err, TransientError):
         return err
+    if why := tls.failure(errors, ca_given=settings.tls is not None):
+        return PermanentError(f"TLS with NATS at {settings.url} refused: {why}")
     last = errors[-1] if errors else ""
     if last.startswith("ConnectionRefusedError"):
         why = "connection refused (no server listens there)"

@@ -7,6 +7,7 @@ no orphan server survives a crashed demo or test run.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 import attrs
 
 from .errors import ServerError
+from .tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,9 @@ class NatsServer:
         port: client port; -1 picks a free one.
         store_dir: JetStream store; None uses a temp dir removed on stop.
         config_file: an optional server config (cluster, auth); its listen wins.
+        tls: the server's certificate: clients must use TLS, and `url` says `tls://`. Without
+            `config_file` it goes into a config of the server's own; a given config must
+            hold it already (broker/cluster.py, broker/auth.py write it there).
     """
 
     port: int = -1
@@ -74,6 +79,7 @@ class NatsServer:
     config_file: str | None = None
     host: str = "127.0.0.1"
     ready_timeout_s: float = 10.0
+    tls: ServerTls | None = None
     _proc: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
     _bound_port: int = attrs.field(default=0, init=False)
@@ -84,7 +90,7 @@ class NatsServer:
     @property
     def url(self) -> str:
         """The client URL once started."""
-        return f"nats://{self.host}:{self._bound_port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self._bound_port}"
 
     @property
     def pid(self) -> int | None:
@@ -106,17 +112,24 @@ class NatsServer:
                 self._tmp = tempfile.TemporaryDirectory(prefix="vramfabric-js-")
             store = self._tmp.name
         port = self._bound_port or self.port
-        cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(port)]
+        # The store and the log are the owner's alone: the log names users, subjects and
+        # accounts, the store holds every tenant's data (a wider existing mode is narrowed).
+        Path(store).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(store, 0o700)
         if self.config_file:
             cmd = [find_binary(), "-c", self.config_file, "-sd", store]
             if self._bound_port:
                 # A config may listen on port -1: a restart keeps the port it got (flags win).
                 cmd += ["-p", str(self._bound_port)]
+        else:
+            cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(port)]
+            if self.tls:
+                # Flags cover only part of a TLS block (no handshake timeout): a config of
+                # its own holds it, and the flags set the rest (flags win over a config).
+                tls_config = Path(store) / "nats-server-tls.conf"
+                tls_config.write_text(f"tls: {json.dumps(self.tls.client_block())}\n")
+                cmd += ["-c", str(tls_config)]
         log.info("starting nats-server cmd=%s", " ".join(cmd))
-        # The store and the log are the owner's alone: the log names users, subjects and
-        # accounts, the store holds every tenant's data (a wider existing mode is narrowed).
-        Path(store).mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(store, 0o700)
         # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.
         self.log_path = str(Path(store) / "nats-server.log")
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

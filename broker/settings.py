@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import attrs
@@ -12,6 +13,10 @@ import attrs
 from . import discovery
 from .retrying import CallRetry
 from .subjects import JS_API, Subjects
+from .tls import client_context, load_cert
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -155,6 +160,21 @@ class BrokerSettings:
     retry_deadline_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     retry_pause_s: float = attrs.field(default=0.1, validator=attrs.validators.gt(0))
     retry_max_pause_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    # Verifies the server (and presents a client certificate, for mutual TLS); built by
+    # from_env from VRAMFABRIC_TLS_CA/CERT/KEY. None with a tls:// URL: the system's CAs.
+    tls: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
+    # The name the server's certificate must carry, where it is not the host in the URL.
+    tls_hostname: str | None = None
+
+    @property
+    def tls_required(self) -> bool:
+        """Whether every connection must be TLS: TLS settings given, or a `tls://` URL.
+
+        nats-py upgrades to TLS only when the server asks; a connection that must be TLS
+        refuses a server that does not ask, before any credential is sent.
+        """
+        tls_url = any(u.startswith("tls://") for u in self.servers)
+        return tls_url or self.tls is not None or self.tls_hostname is not None
 
     @property
     def authenticated(self) -> bool:
@@ -227,4 +247,28 @@ class BrokerSettings:
             retry_deadline_s=env_float(environ, "VRAMFABRIC_RETRY_DEADLINE_S", 30.0),
             retry_pause_s=env_float(environ, "VRAMFABRIC_RETRY_PAUSE_S", 0.1),
             retry_max_pause_s=env_float(environ, "VRAMFABRIC_RETRY_MAX_PAUSE_S", 1.0),
+            tls=_tls_context(environ),
+            tls_hostname=environ.get("VRAMFABRIC_TLS_HOSTNAME") or None,
         )
+
+
+def _tls_context(environ: Mapping[str, str]) -> ssl.SSLContext | None:
+    """The client's TLS context from VRAMFABRIC_TLS_CA, _CERT and _KEY; None if none is set.
+
+    Built here, at start: a missing or bad file is an error now, not a connect that hangs.
+    """
+    ca_file = environ.get("VRAMFABRIC_TLS_CA") or None
+    cert_file = environ.get("VRAMFABRIC_TLS_CERT") or None
+    key_file = environ.get("VRAMFABRIC_TLS_KEY") or None
+    if not (ca_file or cert_file or key_file):
+        return None
+    try:
+        context = client_context(ca_file)
+    except ValueError as exc:
+        raise ValueError(f"VRAMFABRIC_TLS_CA: {exc}") from None
+    if cert_file or key_file:
+        try:
+            load_cert(context, cert_file, key_file)
+        except ValueError as exc:
+            raise ValueError(f"VRAMFABRIC_TLS_CERT, VRAMFABRIC_TLS_KEY: {exc}") from None
+    return context

@@ -19,6 +19,7 @@ import attrs
 from vramfabric.broker import auth, tenants
 from vramfabric.broker.server import NatsServer
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class AuthServer:
     operator_password: str
     port: int = -1
     store_dir: str | None = None
+    # Clients must use TLS (the config's `tls` block); None: plain TCP.
+    tls: ServerTls | None = None
     _server: NatsServer | None = attrs.field(default=None, init=False)
     _folder: Path | None = attrs.field(default=None, init=False)
     _mtime_ns: int = attrs.field(default=0, init=False)
@@ -74,6 +77,7 @@ class AuthServer:
             config_file=str(config),
             store_dir=self.store_dir,
             ready_timeout_s=_ready_s(len(file.tenants)),
+            tls=self.tls,
         )
         try:
             self._server.start()
@@ -132,15 +136,18 @@ class AuthServer:
 
     def _write(self, file: tenants.TenantsFile) -> Path:
         # Same listen port every time: nats-server cannot change it on a reload.
-        config = auth.write_config(
-            file, self.broker.subjects, self.folder / "server.json", port=self.port
-        )
+        text = auth.server_config(file, self.broker.subjects, port=self.port, tls=self.tls)
+        config = auth.write_private(self.folder / "server.json", text)
         tenants.write_policy(file.policy, self.policy_file)
         return config
 
     def _provision(self, file: tenants.TenantsFile, only: set[str] | None = None) -> None:
+        broker = attrs.evolve(self.broker, url=self.server.url)
+        if self.tls is not None and broker.tls is None:
+            # Its own server: checked with the CA it was given, as a route peer checks it.
+            broker = attrs.evolve(broker, tls=self.tls.probe_context())
         operator = auth.settings_for(
-            attrs.evolve(self.broker, url=self.server.url),
+            broker,
             tenants.OPERATOR_USER,
             self.operator_password,
         )

@@ -20,6 +20,8 @@ from .exits import RET_FAILED, RET_OK, RET_USAGE
 from .flags import add_metrics_port
 
 if TYPE_CHECKING:
+    from vramfabric.broker.tls import ServerTls
+
     from .authserver import AuthServer
 
 SERVING = ("server", "up", "worker")
@@ -42,16 +44,22 @@ def cmd_server(args: argparse.Namespace) -> int:
         # The cluster would start without the tenants' config: auth silently off.
         err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
         return RET_USAGE
+    try:
+        tls = _server_tls(args)
+    except ValueError as exc:
+        err.print(f"vramfabric server: {exc}", soft_wrap=True)
+        return RET_USAGE
     # Block the signals first so sigtimedwait receives them instead of their default action.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     server: NatsServer | LocalCluster | AuthServer
     authed: AuthServer | None = None
     if args.cluster > 1:
-        server = LocalCluster(size=args.cluster, base_dir=args.store).start()
+        server = LocalCluster(size=args.cluster, base_dir=args.store, tls=tls).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
+        hint += _tls_env(tls)
     elif args.tenants:
-        server = authed = _auth_server(args)
+        server = authed = _auth_server(args, tls)
         hint = (
             f"export VRAMFABRIC_NATS_URL={authed.server.url} VRAMFABRIC_NATS_USER=<tenant> "
             "VRAMFABRIC_TENANT=<tenant> VRAMFABRIC_NATS_PASSWORD=<its password>; "
@@ -59,9 +67,11 @@ def cmd_server(args: argparse.Namespace) -> int:
             f"VRAMFABRIC_NATS_USER={tenants.WORKERS_USER} "
             f"VRAMFABRIC_TENANTS={authed.policy_file}"
         )
+        if tls_env := _tls_env(tls):
+            hint += f"; all of them:{tls_env}"
     else:
-        server = NatsServer(port=args.port, store_dir=args.store).start()
-        hint = f"export VRAMFABRIC_NATS_URL={server.url}"
+        server = NatsServer(port=args.port, store_dir=args.store, tls=tls).start()
+        hint = f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
     print(f"nats-server ready: {hint}", flush=True)
     try:
         while True:
@@ -74,6 +84,27 @@ def cmd_server(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return RET_OK
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The --tls-* flags as the server's TLS (its files checked now), or None without them."""
+    from vramfabric.broker.tls import ServerTls
+
+    if not (args.tls_cert or args.tls_key or args.tls_ca or args.tls_verify_clients):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    return ServerTls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_verify_clients)
+
+
+def _tls_env(tls: ServerTls | None) -> str:
+    """What clients of a TLS server set besides its URL (nothing for a CA they trust)."""
+    if tls is None or tls.ca_file is None:
+        return ""
+    hint = f" VRAMFABRIC_TLS_CA={tls.ca_file}"
+    if tls.verify_clients:
+        hint += " VRAMFABRIC_TLS_CERT=<client certificate> VRAMFABRIC_TLS_KEY=<its key>"
+    return hint
 
 
 def _reload(authed: AuthServer) -> None:
@@ -133,7 +164,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return RET_OK
 
 
-def _auth_server(args: argparse.Namespace) -> AuthServer:
+def _auth_server(args: argparse.Namespace, tls: ServerTls | None) -> AuthServer:
     """A server with the tenants file's config, provisioned, and the workers' policy file.
 
     The operator's password comes from VRAMFABRIC_NATS_PASSWORD, or from the file when it
@@ -149,7 +180,7 @@ def _auth_server(args: argparse.Namespace) -> AuthServer:
     if not password or password.startswith("$2"):
         raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
     return AuthServer(
-        Path(args.tenants), BrokerSettings.from_env(), password, args.port, args.store
+        Path(args.tenants), BrokerSettings.from_env(), password, args.port, args.store, tls=tls
     ).start()
 
 
@@ -175,6 +206,23 @@ def add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--tenants",
         help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="the server's certificate: clients (and --cluster routes) must use TLS",
+    )
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA that verifies route peers (and clients' certificates with "
+        "--tls-verify-clients); default: the system's CAs",
+    )
+    p.add_argument(
+        "--tls-verify-clients",
+        action="store_true",
+        help="clients must present a certificate --tls-ca signed (mutual TLS)",
     )
     p.set_defaults(handler=cmd_server)
     p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
