@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from vramfabric.broker.errors import Disconnected, ExecutorCrashed
+from vramfabric.broker.errors import Disconnected, ExecutorCrashed, PermanentError
 from vramfabric.broker.settings import BrokerSettings, parse_size
 
 from .flags import add_arguments
@@ -222,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--nodes runs simulated nodes side by side: give --simulate too")
         return asyncio.run(serve(broker, settings, args.nodes))
     except Disconnected as exc:
+        print(f"vramfabric worker: {exc}", file=sys.stderr)
+        return RET_CONNECT
+    except PermanentError as exc:  # refused for good: a TLS handshake, a password, a grant
         print(f"vramfabric worker: {exc}", file=sys.stderr)
         return RET_CONNECT
     except ValueError as exc:
