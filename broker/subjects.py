@@ -2,7 +2,7 @@
 
 `Subjects(prefix)` builds them all from one prefix, so tests can share one server under unique
 prefixes. Wildcards come only from methods named `*_filter`, which keeps them out of publishes.
-docs/protocol.md mirrors this file and a test holds the two together.
+docs/protocol/names.md mirrors this file and a test holds the two together.
 """
 
 from __future__ import annotations

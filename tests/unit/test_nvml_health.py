@@ -29,7 +29,7 @@ from vramfabric.worker.health import GpuReading, NvmlProbe
 from vramfabric.worker.ledger import SliceLedger
 
 GiB = 2**30
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol" / "messages.md"
 
 
 class NVMLError(Exception):

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# The protocol's pages: the index (docs/protocol.md) and the pages it lists.
+PAGES = [DOCS / "protocol.md", *sorted((DOCS / "protocol").glob("*.md"))]
+
+
+def doc_text() -> str:
+    """The protocol's pages, one after another."""
+    return "\n".join(page.read_text() for page in PAGES)
 PLACEHOLDERS = {
     "nodeid": "<node>",
     "tenantid": "<tenant>",
@@ -102,7 +109,7 @@ def code_names() -> set[str]:
 
 def doc_names() -> set[str]:
     """Backticked names in the first column of the tables under '## Names'."""
-    text = DOC.read_text()
+    text = doc_text()
     section = text.split("## Names", 1)[1].split("\n## ", 1)[0]
     names = set()
     for line in section.splitlines():
@@ -126,7 +133,7 @@ def test_documented_kernel_digest_and_job_id_match_the_code() -> None:
     from vramfabric.broker.retry import RetryPolicy
     from vramfabric.kernels import HYPERPARAM_EVAL
 
-    text = DOC.read_text()
+    text = doc_text()
     assert f"`{HYPERPARAM_EVAL.digest}`" in text
     # Whole-number seconds given as ints hash like floats (the doc's float 64 rule).
     spec = JobSpec(
