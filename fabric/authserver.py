@@ -40,6 +40,8 @@ class AuthServer:
     store_dir: str | None = None
     # Clients must use TLS (the config's `tls` block); None: plain TCP.
     tls: ServerTls | None = None
+    # The address it listens on (`vramfabric server --host`).
+    host: str = "127.0.0.1"
     _server: NatsServer | None = attrs.field(default=None, init=False)
     _folder: Path | None = attrs.field(default=None, init=False)
     _mtime_ns: int = attrs.field(default=0, init=False)
@@ -78,6 +80,7 @@ class AuthServer:
             store_dir=self.store_dir,
             ready_timeout_s=_ready_s(len(file.tenants)),
             tls=self.tls,
+            host=self.host,
         )
         try:
             self._server.start()
@@ -136,7 +139,9 @@ class AuthServer:
 
     def _write(self, file: tenants.TenantsFile) -> Path:
         # Same listen port every time: nats-server cannot change it on a reload.
-        text = auth.server_config(file, self.broker.subjects, port=self.port, tls=self.tls)
+        text = auth.server_config(
+            file, self.broker.subjects, host=self.host, port=self.port, tls=self.tls
+        )
         config = auth.write_private(self.folder / "server.json", text)
         tenants.write_policy(file.policy, self.policy_file)
         return config

@@ -18,6 +18,7 @@ from vramfabric.worker.flags import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRI
 
 from .exits import RET_FAILED, RET_OK, RET_USAGE
 from .flags import add_metrics_port
+from .server_flags import MEMBER_HINT, add_server_flags, member, server_tls
 
 if TYPE_CHECKING:
     from vramfabric.broker.tls import ServerTls
@@ -40,12 +41,14 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     from .report import err
 
-    if args.cluster > 1 and args.tenants:
+    clustered = "--cluster" if args.cluster > 1 else "--routes" if args.routes else ""
+    if clustered and args.tenants:
         # The cluster would start without the tenants' config: auth silently off.
-        err.print("vramfabric: --cluster and --tenants cannot be combined yet (auth would be off)")
+        err.print(f"vramfabric: {clustered} and --tenants cannot be combined yet (auth off)")
         return RET_USAGE
     try:
-        tls = _server_tls(args)
+        tls = server_tls(args)
+        joining = member(args, tls)
     except ValueError as exc:
         err.print(f"vramfabric server: {exc}", soft_wrap=True)
         return RET_USAGE
@@ -53,8 +56,14 @@ def cmd_server(args: argparse.Namespace) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     server: NatsServer | LocalCluster | AuthServer
     authed: AuthServer | None = None
-    if args.cluster > 1:
-        server = LocalCluster(size=args.cluster, base_dir=args.store, tls=tls).start()
+    if joining is not None:
+        server = joining.start()
+        hint = f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
+        hint += f" (cluster member; {MEMBER_HINT})"
+    elif args.cluster > 1:
+        server = LocalCluster(
+            size=args.cluster, base_dir=args.store, name=args.cluster_name, host=args.host, tls=tls
+        ).start()
         asyncio.run(server.wait_jetstream())
         hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
         hint += _tls_env(tls)
@@ -70,7 +79,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         if tls_env := _tls_env(tls):
             hint += f"; all of them:{tls_env}"
     else:
-        server = NatsServer(port=args.port, store_dir=args.store, tls=tls).start()
+        server = NatsServer(port=args.port, store_dir=args.store, host=args.host, tls=tls).start()
         hint = f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
     print(f"nats-server ready: {hint}", flush=True)
     try:
@@ -84,17 +93,6 @@ def cmd_server(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return RET_OK
-
-
-def _server_tls(args: argparse.Namespace) -> ServerTls | None:
-    """The --tls-* flags as the server's TLS (its files checked now), or None without them."""
-    from vramfabric.broker.tls import ServerTls
-
-    if not (args.tls_cert or args.tls_key or args.tls_ca or args.tls_verify_clients):
-        return None
-    if not (args.tls_cert and args.tls_key):
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
-    return ServerTls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_verify_clients)
 
 
 def _tls_env(tls: ServerTls | None) -> str:
@@ -180,7 +178,13 @@ def _auth_server(args: argparse.Namespace, tls: ServerTls | None) -> AuthServer:
     if not password or password.startswith("$2"):
         raise ValueError("set VRAMFABRIC_NATS_PASSWORD to the operator's password")
     return AuthServer(
-        Path(args.tenants), BrokerSettings.from_env(), password, args.port, args.store, tls=tls
+        Path(args.tenants),
+        BrokerSettings.from_env(),
+        password,
+        args.port,
+        args.store,
+        tls=tls,
+        host=args.host,
     ).start()
 
 
@@ -194,36 +198,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `server`, `up` and `worker` commands."""
     p = sub.add_parser("server", help="run an embedded nats-server with JetStream")
-    p.add_argument("--port", type=int, default=4222)
-    p.add_argument("--store", help="JetStream store directory (default: a temp dir)")
-    p.add_argument(
-        "--cluster",
-        type=int,
-        default=1,
-        choices=(1, 3, 5),
-        help="run a local cluster of this many routed servers (free ports)",
-    )
-    p.add_argument(
-        "--tenants",
-        help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
-    )
-    p.add_argument(
-        "--tls-cert",
-        metavar="PEM",
-        help="the server's certificate: clients (and --cluster routes) must use TLS",
-    )
-    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    p.add_argument(
-        "--tls-ca",
-        metavar="PEM",
-        help="the CA that verifies route peers (and clients' certificates with "
-        "--tls-verify-clients); default: the system's CAs",
-    )
-    p.add_argument(
-        "--tls-verify-clients",
-        action="store_true",
-        help="clients must present a certificate --tls-ca signed (mutual TLS)",
-    )
+    add_server_flags(p)
     p.set_defaults(handler=cmd_server)
     p = sub.add_parser("up", help="run a local fabric until Ctrl-C; Fabric.connect() finds it")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
