@@ -27,6 +27,9 @@ _ACCOUNT_LIMITS = {
     10028: "memory storage limit (tenants file: memory_storage)",
     10047: "storage limit (tenants file: storage)",
 }
+# JetStream err_code for "no suitable peers for placement": a replicated stream asked of a
+# cluster still forming (or with a server down) is refused until enough servers are up.
+ERR_CODE_NO_PEERS = 10005
 
 
 class ErrorKind(enum.StrEnum):
@@ -306,6 +309,8 @@ def _from_api_error(exc: nats.js.errors.APIError) -> VramfabricError:
             f"refused: the tenant's account is at its {_ACCOUNT_LIMITS[err_code]}; remove old "
             f"jobs (`vramfabric rm`) or ask the operator for more ({exc})"
         )
+    if err_code == ERR_CODE_NO_PEERS:
+        return Disconnected(f"jetstream cluster short of servers: {exc}")
     # A 503 status header gives a ServiceUnavailableError with no code set.
     if isinstance(exc, nats.js.errors.ServiceUnavailableError) or (code or 0) >= 500:
         return Disconnected(f"jetstream unavailable: {exc}")

@@ -183,7 +183,9 @@ class Agent:
         # where the agent vouches for them they start meanwhile (a first chunk may wait).
         if probe:
             await self.executors.probe()
-        await self._heartbeat.beat()
+        # Under the retry policy: the nodes bucket of a cluster just formed may have no
+        # stream leader yet ('no response from stream'), and a worker must not die of that.
+        await self.broker.call_retry.call(self._heartbeat.beat, what="first advert")
         self._spawn(self._heartbeat.run())
         log.info(
             "agent started node=%s gpus=%d simulated=%s isolation=%s slices=%d",

@@ -58,6 +58,14 @@ def test_not_found_is_permanent() -> None:
     assert "stream not found" in str(mapped)
 
 
+def test_no_peers_for_placement_is_transient() -> None:
+    # A replicated stream asked of a cluster still forming: tried again, not given up on
+    exc = nats.js.errors.APIError(
+        code=400, err_code=e.ERR_CODE_NO_PEERS, description="no suitable peers for placement"
+    )
+    assert isinstance(e.from_nats(exc), e.Disconnected)
+
+
 def test_other_4xx_api_errors_are_permanent() -> None:
     mapped = e.from_nats(nats.js.errors.BadRequestError(code=400, err_code=10058))
     assert type(mapped) is e.PermanentError
