@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import shutil
 import subprocess
 import tomllib
@@ -147,6 +148,59 @@ def mounted(docs: list[Doc], pod: Doc, container: Doc, path: str) -> str:
     return str(named(docs)["ConfigMap", volume["configMap"]["name"]]["data"][key])
 
 
+# The Secret the operator makes (make-tls.sh), and where each side mounts it.
+TLS_SECRET = "vramfabric-tls"
+TLS_KEYS = ("ca.crt", "tls.crt", "tls.key")
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of the files make-tls.sh makes for the Secret (in the namespace `fabric`)."""
+    folder = tmp_path_factory.mktemp("tls")
+    made = subprocess.run(
+        ["sh", str(K8S / "make-tls.sh"), str(folder), "fabric"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert all((folder / key).stat().st_size > 0 for key in TLS_KEYS)
+    return folder
+
+
+def secret_keys(pod: Doc, container: Doc, path: str) -> tuple[str, set[str]]:
+    """The Secret mounted at `path`'s folder in the container, and the keys it projects there."""
+    folder, _, key = path.rpartition("/")
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    keys = {item["key"] for item in secret["items"]} if "items" in secret else set(TLS_KEYS)
+    assert all(item["key"] == item["path"] for item in secret.get("items", []))
+    assert key in keys and mount["readOnly"], (path, keys)
+    return str(secret["secretName"]), keys
+
+
+def tls_blocks(config: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The client `tls { }` block of a nats-server config, and its cluster's (routes')."""
+    text = "\n".join(line.split("#")[0] for line in config.splitlines())
+    cluster = re.search(r"\ncluster \{(.*)\n\}", text, re.S)
+    assert cluster, "no cluster block"
+    outside = text[: cluster.start()] + text[cluster.end() :]
+
+    def block(part: str) -> dict[str, str]:
+        [body] = re.findall(r"\btls\s*\{([^}]*)\}", part)
+        return dict(re.findall(r"(\w+):\s*(\S+)", body))
+
+    return block(outside), block(cluster.group(1))
+
+
+def pod_env(container: Doc, **given: str) -> dict[str, str]:
+    """The container's literal variables, `$(NAME)` references expanded as the kubelet does."""
+    env = dict(given)
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], entry["value"])
+    return env
+
+
 def schema_errors(doc: Doc, version: str) -> str:
     """Where and why `doc` does not validate against Kubernetes `version` ("" when it does)."""
     try:
@@ -200,7 +254,7 @@ def test_every_rendered_document_validates_against_the_kubernetes_schema(
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_fabric_containers_pass_only_flags_and_variables_the_code_reads(
-    overlay: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    overlay: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tls_files: Path
 ) -> None:
     docs, known = rendered(overlay), variables_read()
     containers = list(fabric_containers(docs))
@@ -213,6 +267,8 @@ def test_fabric_containers_pass_only_flags_and_variables_the_code_reads(
             monkeypatch.delenv(name)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
+        # (the CA file the Secret mounts there: one make-tls.sh made, here)
+        monkeypatch.setenv("VRAMFABRIC_TLS_CA", str(tls_files / "ca.crt"))
         # When its arguments are parsed by the CLI (the image's entry point is `vramfabric`)
         assert "command" not in container
         args = parsed(container["args"])
@@ -238,30 +294,97 @@ def test_fabric_containers_pass_only_flags_and_variables_the_code_reads(
             assert getattr(job.kernel, "name", None) == "hyperparam_eval"
 
 
+def server_names(docs: list[Doc]) -> list[str]:
+    """Each server of the StatefulSet by the name clients and peers reach it: NAME-i.SERVICE."""
+    nats = named(docs)["StatefulSet", "nats"]
+    name, service = nats["metadata"]["name"], nats["spec"]["serviceName"]
+    return [f"{name}-{i}.{service}" for i in range(nats["spec"]["replicas"])]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_clients_reach_every_nats_server_and_streams_have_their_replicas(overlay: str) -> None:
+def test_clients_reach_every_nats_server_over_tls_and_streams_have_their_replicas(
+    overlay: str, tls_files: Path
+) -> None:
     docs = rendered(overlay)
     nats = named(docs)["StatefulSet", "nats"]
-    # Given the StatefulSet's servers, each NAME-i.SERVICE on the client port
-    servers = [
-        f"nats://{nats['metadata']['name']}-{i}.{nats['spec']['serviceName']}:4222"
-        for i in range(nats["spec"]["replicas"])
-    ]
-    # Then every fabric container connects to all of them and makes R3 streams
-    for _, container in fabric_containers(docs):
-        settings = BrokerSettings.from_env(environment(docs, container))
+    # Given the StatefulSet's servers, each NAME-i.SERVICE on the client port, over TLS
+    servers = [f"tls://{name}:4222" for name in server_names(docs)]
+    # Then every fabric container connects to all of them, TLS only, and makes R3 streams
+    for pod, container in fabric_containers(docs):
+        env = environment(docs, container)
+        # verifying them with the CA, the only key of the TLS Secret mounted in its pod
+        ca_path = env["VRAMFABRIC_TLS_CA"]
+        assert secret_keys(pod, container, ca_path) == (TLS_SECRET, {"ca.crt"})
+        settings = BrokerSettings.from_env(env | {"VRAMFABRIC_TLS_CA": str(tls_files / "ca.crt")})
         assert settings.servers == servers
+        assert settings.tls_required and settings.tls is not None
         assert settings.replicas == nats["spec"]["replicas"]
     # And the servers' config routes to each other
     config = named(docs)["ConfigMap", "nats-config"]["data"]["nats.conf"]
-    assert all(url.replace(":4222", ":6222") in config for url in servers)
+    assert all(f"nats-route://{name}:6222" in config for name in server_names(docs))
 
 
-def test_nats_config_passes_nats_servers_check(tmp_path: Path) -> None:
-    # Given the servers' config, as a pod of the StatefulSet sees it
-    config = named(rendered("gpu"))["ConfigMap", "nats-config"]["data"]["nats.conf"]
-    (tmp_path / "nats.conf").write_text(config)
-    env = {"PATH": os.environ["PATH"], "POD_NAME": "nats-0"}
+def test_nats_servers_require_tls_for_clients_and_routes_from_the_secret() -> None:
+    docs = rendered("gpu")
+    config = named(docs)["ConfigMap", "nats-config"]["data"]["nats.conf"]
+    [(pod, container)] = [
+        (p, c)
+        for _, p in pod_templates(docs)
+        for c in p["spec"]["containers"]
+        if c["name"] == "nats"
+    ]
+    # Given the client block and the routes' block of the servers' config
+    client, route = tls_blocks(config)
+    # Then both present the Secret's certificate and verify peers with its CA, as mounted
+    for block in (client, route):
+        assert "verify" not in block  # clients present no certificate; routes verify anyway
+        for field, key in (
+            ("cert_file", "tls.crt"),
+            ("key_file", "tls.key"),
+            ("ca_file", "ca.crt"),
+        ):
+            assert block[field].endswith(f"/{key}")
+            assert secret_keys(pod, container, block[field]) == (TLS_SECRET, set(TLS_KEYS))
+    # And each server tells clients and peers the name its certificate carries, not its IP
+    env = pod_env(container, POD_NAME="nats-1")
+    assert "client_advertise: $CLIENT_ADVERTISE" in config
+    assert "advertise: $CLUSTER_ADVERTISE" in config
+    assert env["CLIENT_ADVERTISE"] == "nats-1.nats:4222"
+    assert env["CLUSTER_ADVERTISE"] == "nats-1.nats:6222"
+
+
+def test_make_tls_makes_a_certificate_every_client_and_peer_accepts(tls_files: Path) -> None:
+    # Given the files make-tls.sh made (namespace `fabric`)
+    ca, cert = str(tls_files / "ca.crt"), str(tls_files / "tls.crt")
+    # Then the certificate, signed by the CA, names every server as clients and routes reach
+    # it, and serves both ends of a route (peers present it as a client's)
+    for short in server_names(rendered("gpu")):
+        for name in (short, f"{short}.fabric.svc.cluster.local"):
+            for purpose in ("sslserver", "sslclient"):
+                out = subprocess.run(
+                    ["openssl", "verify", "-CAfile", ca, "-purpose", purpose,
+                     "-verify_hostname", name, cert],
+                    capture_output=True, text=True, timeout=30,
+                )  # fmt: skip
+                assert out.returncode == 0, (name, purpose, out.stdout + out.stderr)
+    # And no other name
+    other = subprocess.run(
+        ["openssl", "verify", "-CAfile", ca, "-verify_hostname", "nats-3.nats", cert],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert other.returncode != 0
+
+
+def test_nats_config_passes_nats_servers_check(tmp_path: Path, tls_files: Path) -> None:
+    # Given the servers' config, as a pod of the StatefulSet sees it, with make-tls.sh's files
+    # where the Secret is mounted
+    docs = rendered("gpu")
+    config = named(docs)["ConfigMap", "nats-config"]["data"]["nats.conf"]
+    (tmp_path / "nats.conf").write_text(config.replace("/etc/nats-tls", str(tls_files)))
+    [container] = [
+        c for _, p in pod_templates(docs) for c in p["spec"]["containers"] if c["name"] == "nats"
+    ]
+    env = {"PATH": os.environ["PATH"], **pod_env(container, POD_NAME="nats-0")}
     # When nats-server tests it (-t: parse only, nothing started)
     out = subprocess.run(
         [find_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
