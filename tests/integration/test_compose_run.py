@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from tests.compose_stack import ROOT, Engine, Stack, find_engine, job_report
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.errors import Disconnected, JobNotFound, PermanentError
 from vramfabric.broker.subjects import Subjects
+from vramfabric.broker.tls import client_context
 from vramfabric.coordinator import CoordinatorSettings, Fabric
 from vramfabric.demo import HYPERPARAM_RTOL, reference_argmin
 from vramfabric.kernels.hyperparam import search_space
@@ -83,12 +85,18 @@ def test_the_readme_compose_command_runs_the_demo_to_its_answer(stack: Stack) ->
     assert_right_answer(job_report(proc.stdout))
 
 
-async def fabric_on(nats_port: int, deadline: float) -> Fabric:
-    """A fabric on the stack's cluster, once the cluster has formed.
+# The compose servers' CA, in the project's tls volume (compose-tls makes it).
+CA_IN_CONTAINER = "/etc/vramfabric/tls/ca.pem"
+
+
+async def fabric_on(nats_port: int, ca_file: Path, deadline: float) -> Fabric:
+    """A fabric on the stack's cluster over TLS (its CA from the volume), once it has formed.
 
     Until it has, JetStream refuses replicated streams ('no suitable peers for placement').
+    nats1's certificate names 127.0.0.1, where its client port is published.
     """
-    broker = BrokerSettings(url=f"nats://127.0.0.1:{nats_port}", replicas=3)
+    tls = client_context(str(ca_file))
+    broker = BrokerSettings(url=f"tls://127.0.0.1:{nats_port}", replicas=3, tls=tls)
     while True:
         try:
             return await Fabric.connect(broker, CoordinatorSettings.from_env({}))
@@ -97,19 +105,19 @@ async def fabric_on(nats_port: int, deadline: float) -> Fabric:
             await asyncio.sleep(0.5)  # a cluster forming: nothing to await on from here
 
 
-async def await_fleet(nats_port: int, n_nodes: int, timeout_s: float) -> None:
+async def await_fleet(nats_port: int, ca_file: Path, n_nodes: int, timeout_s: float) -> None:
     """Return once `n_nodes` workers advertise on the stack's cluster."""
     deadline = time.monotonic() + timeout_s
-    async with await fabric_on(nats_port, deadline) as fabric:
+    async with await fabric_on(nats_port, ca_file, deadline) as fabric:
         while len(fabric.fleet.adverts) < n_nodes:
             assert time.monotonic() < deadline, f"{len(fabric.fleet.adverts)} nodes advertise"
             await fabric.fleet.wait_changed(timeout_s=0.5)
 
 
-async def progress_then_leader(nats_port: int, timeout_s: float) -> tuple[int, str]:
+async def progress_then_leader(nats_port: int, ca_file: Path, timeout_s: float) -> tuple[int, str]:
     """Chunks done once the job has made progress, and which server leads its work stream."""
     deadline = time.monotonic() + timeout_s
-    async with await fabric_on(nats_port, deadline) as fabric:
+    async with await fabric_on(nats_port, ca_file, deadline) as fabric:
         while True:
             try:
                 status = await fabric.job("lost-server").status()
@@ -134,7 +142,17 @@ def test_a_nats_server_killed_mid_job_loses_no_chunk(stack: Stack, tmp_path: Pat
         timeout_s=600,
     )  # fmt: skip
     assert up.returncode == 0, up.stderr[-3000:]
-    asyncio.run(await_fleet(stack.nats_port, n_nodes=2, timeout_s=300))
+    ca_file = stack.copy_out("nats1", CA_IN_CONTAINER, tmp_path / "ca.pem")
+    asyncio.run(await_fleet(stack.nats_port, ca_file, n_nodes=2, timeout_s=300))
+    # And TLS on: the client port (published here) asks for it before anything else
+    assert '"tls_required":true' in first_line("127.0.0.1", stack.nats_port)
+    # And a peer's route port speaks TLS only, to a peer with a certificate the CA signed
+    route = stack.exec("nats1", "python3", "-c", ROUTE_PROBE)
+    assert route.returncode == 0, route
+    plain, stranger, peer = route.stdout.splitlines()
+    assert plain == "b''", route.stdout  # closed: nothing said in plain
+    assert "CERTIFICATE_REQUIRED" in stranger, route.stdout
+    assert peer.startswith("b'INFO ") and '"tls_required":true' in peer, route.stdout
     # And a coordinator container running a job that lasts seconds (started as itself: a
     # failure of its own is not run again, as await-nats would)
     job = tmp_path / "lost-server.toml"
@@ -147,7 +165,7 @@ def test_a_nats_server_killed_mid_job_loses_no_chunk(stack: Stack, tmp_path: Pat
     coordinator = stack.start("--profile", "simulated", *run)
     try:
         # When the server leading its work stream is killed mid-job
-        n_done, leader = asyncio.run(progress_then_leader(stack.nats_port, timeout_s=300))
+        n_done, leader = asyncio.run(progress_then_leader(stack.nats_port, ca_file, timeout_s=300))
         assert n_done < N_CHUNKS, "the job ended before a server could be killed"
         killed = stack.compose("kill", leader, timeout_s=120)
         assert killed.returncode == 0, killed.stderr
@@ -161,6 +179,35 @@ def test_a_nats_server_killed_mid_job_loses_no_chunk(stack: Stack, tmp_path: Pat
     # And it ended on two servers: the killed one never came back
     running = stack.containers("status=running")
     assert not [c for c in running if leader in c], running
+
+
+# Run in nats1's container: what nats2's route port says to a plain client, to a TLS client
+# with the CA only (a stranger), and to one with nats1's certificate (a peer).
+ROUTE_PROBE = """
+import socket, ssl
+def first(tls, cert):
+    try:
+        with socket.create_connection(("nats2", 6222), 20) as raw:
+            if not tls:
+                return raw.recv(4096)
+            context = ssl.create_default_context(cafile="/etc/vramfabric/tls/ca.pem")
+            if cert:
+                context.load_cert_chain(
+                    "/etc/vramfabric/tls/nats1.pem", "/etc/vramfabric/tls/nats1-key.pem"
+                )
+            with context.wrap_socket(raw, server_hostname="nats2") as sock:
+                return sock.recv(4096)[:300]
+    except OSError as exc:
+        return repr(exc)
+for tls, cert in ((False, False), (True, False), (True, True)):
+    print(first(tls, cert))
+"""
+
+
+def first_line(host: str, port: int) -> str:
+    """What a NATS listener says first to a plain TCP client (its INFO)."""
+    with socket.create_connection((host, port), timeout=20) as sock:
+        return sock.recv(65536).split(b"\r\n")[0].decode()
 
 
 def start_podman_service(socket_path: Path) -> subprocess.Popen[bytes]:
