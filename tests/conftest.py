@@ -8,6 +8,7 @@ nothing tested.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -25,6 +26,12 @@ from .hang_report import reported_after
 # of their own (a root Python in /root, as on the project's machines), it runs as the worker
 # (worker/containment.py). In-process agents get `allow_shared_uid` from their fixtures.
 os.environ.setdefault("VRAMFABRIC_ALLOW_SHARED_UID", "1")
+
+# A suite started in the background of a non-interactive shell (`cmd &`, nohup) inherits
+# SIGINT ignored, and so would every command the tests start: their Ctrl-C tests would wait
+# for ever. With a handler here, the commands start with SIGINT's default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _FOLDER_MARKS = {"integration": "integration", "chaos": "chaos", "gpu": "gpu"}
 
