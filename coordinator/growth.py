@@ -39,8 +39,6 @@ class LeaseGrowth:
     node_ttl_s: float
     job_id: str
     _task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
-    # The lease request in flight: `stop` lets it finish, so what it grants goes back.
-    _acquiring: asyncio.Task[int] | None = attrs.field(default=None, init=False)
 
     def start(self, target: int, rest_now: bool) -> None:
         """Grow towards `target` leases in the background (`rest_now`: ask at once)."""
@@ -52,9 +50,7 @@ class LeaseGrowth:
         if self._task is not None:
             self._task.cancel()
             (died,) = await asyncio.gather(self._task, return_exceptions=True)
-        if self._acquiring is not None:
-            # Closing, it asks for no more; what it was granted is released with the rest.
-            await asyncio.gather(self._acquiring, return_exceptions=True)
+        # A lease request it left in flight is the pool's: its release waits for it.
         return died if isinstance(died, Exception) else None
 
     async def _grow(self, target: int, rest_now: bool) -> None:
@@ -75,10 +71,7 @@ class LeaseGrowth:
             if want > 0:
                 # Also when the fleet looks full: the pool then asks one node, which tells
                 # the fleet this tenant waits for its fair share.
-                # Shielded: cancelled now, a request a node has granted would leave its
-                # leases unknown to the pool, held until their TTL.
-                self._acquiring = asyncio.ensure_future(pool.acquire(want))
-                added = await asyncio.shield(self._acquiring)
+                added = await pool.acquire(want)
                 if added and not rest_now:  # the rest after the first request is no news
                     log.info(
                         "leases added mid-run job=%s added=%d held=%d",

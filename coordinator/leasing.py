@@ -85,6 +85,11 @@ class LeasePool:
     # Loops check this as well as being cancelled: a cancellation racing a nats-py request
     # can be swallowed (asyncio.wait_for on Python 3.11), and the loop must still end.
     closing: bool = attrs.field(default=False, init=False)
+    # Lease requests in flight. A caller cancelled mid-request (a run's timeout, a growth
+    # stopped) leaves them running and `release` waits for them: cancelled with its caller, a
+    # request a node had granted would leave those leases unknown to the pool, held until
+    # their TTL.
+    _asking: set[asyncio.Task[list[Lease]]] = attrs.field(factory=set, init=False)
 
     def __len__(self) -> int:
         return len(self.leases)
@@ -138,6 +143,14 @@ class LeasePool:
         return len(await self._request(node, min(wanted, self.settings.max_lease_batch)))
 
     async def _request(self, node: str, count: int) -> list[Lease]:
+        if self.closing:  # `release` may already be past waiting for requests in flight
+            return []
+        task = asyncio.ensure_future(self._ask(node, count))
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+        return await asyncio.shield(task)
+
+    async def _ask(self, node: str, count: int) -> list[Lease]:
         req = LeaseRequest(
             request_id=uuid.uuid4().hex[:12],
             job=self.job,
@@ -246,6 +259,8 @@ class LeasePool:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
+        # What requests still in flight grant goes back with the rest.
+        await asyncio.gather(*self._asking, return_exceptions=True)
         return await self._release_ids(list(self.leases))
 
     async def _release_ids(self, lease_ids: list[str]) -> int:
