@@ -60,7 +60,7 @@ def cmd_kernel_check(args: argparse.Namespace) -> int:
 def _check_source(
     path: Path, source: str, entry: str, archs: tuple[str, ...], block: list[int], shared: int
 ) -> int:
-    from vramfabric.kernels.cuda_compile import KernelCompileError
+    from vramfabric.kernels.errors import KernelCompileError
     from vramfabric.kernels.host_build import NoHostCompiler, build
     from vramfabric.kernels.nvrtc import check_source
     from vramfabric.kernels.settings import CudaSettings
@@ -94,9 +94,8 @@ def _check_source(
 def _check_job(path: Path, chunks: int) -> int:
     from vramfabric.coordinator.jobfile import load
     from vramfabric.kernels import CudaKernel
-    from vramfabric.kernels.cuda_compile import KernelCompileError
     from vramfabric.kernels.cuda_precheck import host_build_problem
-    from vramfabric.kernels.kernel import KernelArgumentError
+    from vramfabric.kernels.errors import KernelArgumentError, KernelCompileError
     from vramfabric.kernels.settings import CudaSettings
 
     try:

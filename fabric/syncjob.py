@@ -15,7 +15,7 @@ from vramfabric.coordinator.jobhandle import JobHandle, JobStatus
 from vramfabric.coordinator.jobresult import JobResult
 
 if TYPE_CHECKING:
-    from .sync import LoopThread
+    from .loop_thread import LoopThread
 
 
 @attrs.define

@@ -15,13 +15,13 @@ if TYPE_CHECKING:
         CudaKernel,
         CudaSourceError,
         HostUnsupported,
-        KernelCompileError,
         ModuleCache,
         NoReference,
     )
+    from .errors import KernelArgumentError, KernelCompileError
     from .host_faults import KernelFault, KernelRace
     from .hyperparam import HYPERPARAM_EVAL
-    from .kernel import Kernel, KernelArgumentError
+    from .kernel import Kernel
     from .registry import KernelMissing, Registry
 
     BUILTINS: tuple[Kernel, ...]
@@ -32,12 +32,12 @@ _WHERE = {
     "CudaKernel": "cuda",
     "CudaSourceError": "cuda",
     "HostUnsupported": "cuda",
-    "KernelCompileError": "cuda",
+    "KernelCompileError": "errors",
     "ModuleCache": "cuda",
     "NoReference": "cuda",
     "HYPERPARAM_EVAL": "hyperparam",
     "Kernel": "kernel",
-    "KernelArgumentError": "kernel",
+    "KernelArgumentError": "errors",
     "KernelFault": "host_faults",
     "KernelRace": "host_faults",
     "KernelMissing": "registry",

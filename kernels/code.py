@@ -25,7 +25,7 @@ import cloudpickle
 import msgpack
 
 from .by_value import dumps_by_value
-from .kernel import KernelArgumentError
+from .errors import KernelArgumentError
 
 # Outputs of a callable are capped at this by default (large ones travel by object store).
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 2**20

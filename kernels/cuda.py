@@ -25,14 +25,15 @@ import numpy as np
 
 from .by_value import dumps_by_value
 from .code import python_version
-from .cuda_checks import IN_BYTES, SCALAR_TYPES, ArgSpec, arg_specs, dim3, validate
-from .cuda_compile import LAUNCH_REFUSED, KernelCompileError, ModuleCache
+from .cuda_checks import IN_BYTES, SCALAR_TYPES, arg_specs, dim3, validate
+from .cuda_compile import LAUNCH_REFUSED, ModuleCache
 from .cuda_precheck import precheck
 from .cuda_reference import PickledReference, Reference
+from .cuda_shape import ArgSpec
+from .errors import KernelArgumentError, KernelCompileError
 from .host import HostLibrary, launcher, run_host
 from .host_build import HostUnsupported
 from .host_check import check_chunk
-from .kernel import KernelArgumentError
 from .nvrtc import CudaSourceError
 from .settings import CudaSettings
 

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from .cuda_signature import ptx_params, source_params
-from .kernel import KernelArgumentError
+from .errors import KernelArgumentError
 
 if TYPE_CHECKING:
-    from .cuda import CudaKernel
-
-# "in" | "out" | "in_bytes" | (scalar type, value), e.g. ("f32", 2.0).
-ArgSpec: TypeAlias = str | tuple[str, int | float]
+    from .cuda_shape import ArgSpec, CudaShape
 
 # The scalar arg types and the NumPy scalars they are passed as.
 SCALAR_TYPES: dict[str, type[np.generic]] = {
@@ -62,7 +59,7 @@ def arg_specs(value: Any) -> Any:
     return value
 
 
-def validate(kernel: CudaKernel) -> None:
+def validate(kernel: CudaShape) -> None:
     """Check every field, and the args against the entry's signature where it can be read.
 
     Raises:
@@ -89,11 +86,11 @@ def validate(kernel: CudaKernel) -> None:
     _check_signature(kernel)
 
 
-def _fail(kernel: CudaKernel, field: str, detail: str) -> NoReturn:
+def _fail(kernel: CudaShape, field: str, detail: str) -> NoReturn:
     raise KernelArgumentError(f"CudaKernel {kernel.name!r}: {field}: {detail}")
 
 
-def _check_dims(kernel: CudaKernel, field: str, dims: Any, limits: tuple[int, ...]) -> None:
+def _check_dims(kernel: CudaShape, field: str, dims: Any, limits: tuple[int, ...]) -> None:
     ints = isinstance(dims, tuple) and len(dims) == 3
     if not ints or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
         _fail(kernel, field, f"must be 1 to 3 ints, got {dims!r}")
@@ -102,7 +99,7 @@ def _check_dims(kernel: CudaKernel, field: str, dims: Any, limits: tuple[int, ..
             _fail(kernel, field, f"{axis}={dim} outside 1..{limit}")
 
 
-def _check_args(kernel: CudaKernel) -> None:
+def _check_args(kernel: CudaShape) -> None:
     if not isinstance(kernel.args, tuple):
         _fail(kernel, "args", f"must be a sequence, got {kernel.args!r}")
     for i, arg in enumerate(kernel.args):
@@ -134,7 +131,7 @@ def _arg_problem(arg: Any) -> str | None:
     return None if low <= value <= high else f"{value} outside the {kind} range {low}..{high}"
 
 
-def _check_sizes(kernel: CudaKernel) -> None:
+def _check_sizes(kernel: CudaShape) -> None:
     for field, least in (("max_output_bytes", 1), ("max_input_bytes", 0), ("shared_mem_bytes", 0)):
         value = getattr(kernel, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -153,7 +150,7 @@ def _check_sizes(kernel: CudaKernel) -> None:
         )
 
 
-def _check_signature(kernel: CudaKernel) -> None:
+def _check_signature(kernel: CudaShape) -> None:
     if kernel.ptx:
         params = ptx_params(kernel.ptx, kernel.entry)
     else:

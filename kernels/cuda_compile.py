@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .kernel import KernelArgumentError
+from .errors import KernelArgumentError, KernelCompileError
 
 if TYPE_CHECKING:
-    from .cuda import CudaKernel
+    from .cuda_shape import CudaShape
 
 # Driver statuses of a launch the driver refused (a bad shape or too many resources): the
 # context stays usable. INVALID_VALUE, LAUNCH_OUT_OF_RESOURCES.
@@ -26,18 +26,6 @@ LAUNCH_REFUSED = frozenset({1, 701})
 _LOAD_FAILED = frozenset({200, 209, 218, 221, 222, 300, 500})
 _MAX_DYNAMIC_SHARED_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
-
-
-class KernelCompileError(Exception):
-    """The kernel did not compile or load; `log` holds the compiler's (or driver's) output."""
-
-    def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(message)
-        self.log = log
-
-    def __reduce__(self) -> tuple[type[KernelCompileError], tuple[str, str]]:
-        # Executors may pickle errors across processes: keep the log.
-        return (type(self), (str(self), self.log))
 
 
 @attrs.define
@@ -51,7 +39,7 @@ class ModuleCache:
     _entries: dict[tuple[str, int], Any] = attrs.field(init=False, factory=dict)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
-    def function(self, kernel: CudaKernel) -> Any:
+    def function(self, kernel: CudaShape) -> Any:
         """The kernel's launchable function on the current device, compiled on first use.
 
         Raises:
@@ -81,7 +69,7 @@ def _import_cupy() -> ModuleType:
     return cupy  # type: ignore[no-any-return]
 
 
-def _load(cupy: Any, kernel: CudaKernel) -> Any:
+def _load(cupy: Any, kernel: CudaShape) -> Any:
     """Compile (source) or load (PTX) the module, look up the entry, allow its shared memory."""
     try:
         if kernel.source:
@@ -105,7 +93,7 @@ def _load(cupy: Any, kernel: CudaKernel) -> Any:
     return function
 
 
-def _allow_shared_memory(cupy: Any, kernel: CudaKernel, handle: int) -> None:
+def _allow_shared_memory(cupy: Any, kernel: CudaShape, handle: int) -> None:
     """Opt the function in to more dynamic shared memory than the default 48 KiB."""
     try:
         cupy.cuda.driver.funcSetAttribute(
@@ -120,7 +108,7 @@ def _allow_shared_memory(cupy: Any, kernel: CudaKernel, handle: int) -> None:
         ) from None
 
 
-def _load_failure(kernel: CudaKernel, status: int) -> str:
+def _load_failure(kernel: CudaShape, status: int) -> str:
     if status == 500:  # CUDA_ERROR_NOT_FOUND from cuModuleGetFunction
         return (
             f"{kernel.name}: no entry {kernel.entry!r} in the module (a C++ kernel needs "

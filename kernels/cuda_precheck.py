@@ -15,18 +15,18 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from .cuda_compile import KernelCompileError
+from .errors import KernelCompileError
 from .host_build import HostUnsupported, NoHostCompiler, build
 from .nvrtc import check_source
 from .settings import CudaSettings
 
 if TYPE_CHECKING:
-    from .cuda import CudaKernel
+    from .cuda_shape import CudaShape
 
 log = logging.getLogger(__name__)
 
 
-def precheck(kernel: CudaKernel, settings: CudaSettings) -> None:
+def precheck(kernel: CudaShape, settings: CudaSettings) -> None:
     """NVRTC (with headers and the launch's resources), then the host build.
 
     Raises:
@@ -47,7 +47,7 @@ def precheck(kernel: CudaKernel, settings: CudaSettings) -> None:
         log.warning("%s", problem)
 
 
-def host_build_problem(kernel: CudaKernel, settings: CudaSettings) -> str | None:
+def host_build_problem(kernel: CudaShape, settings: CudaSettings) -> str | None:
     """Why the host path cannot run the kernel, or None (also None without g++ here)."""
     try:
         build(kernel.name, kernel.source, kernel.entry, settings.cache())

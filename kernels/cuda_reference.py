@@ -14,8 +14,7 @@ import attrs
 import cloudpickle
 
 from .code import python_version
-from .cuda_compile import KernelCompileError
-from .kernel import KernelArgumentError
+from .errors import KernelArgumentError, KernelCompileError
 
 # reference(xp, data) -> output bytes; `xp` is numpy on a simulated GPU.
 Reference: TypeAlias = Callable[[ModuleType, bytes], bytes]

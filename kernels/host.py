@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .cuda_checks import IN_BYTES
-from .cuda_compile import KernelCompileError
+from .errors import KernelArgumentError, KernelCompileError
 from .host_build import build
 from .host_faults import KernelFault, fault_message
-from .kernel import KernelArgumentError
 from .settings import CudaSettings
 
 if TYPE_CHECKING:
-    from .cuda import CudaKernel
+    from .cuda_shape import CudaShape
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class HostLibrary:
 
 
 def launcher(
-    kernel: CudaKernel,
+    kernel: CudaShape,
     settings: CudaSettings | None = None,
     builtin: bool = False,
     check: bool = False,
@@ -117,7 +116,7 @@ def launcher(
     return loaded
 
 
-def run_host(kernel: CudaKernel, data: bytes, library: HostLibrary, flags: int = 0) -> bytes:
+def run_host(kernel: CudaShape, data: bytes, library: HostLibrary, flags: int = 0) -> bytes:
     """Launch the kernel's grid on the CPU over `data` with its library; return `out` whole.
 
     Raises:
@@ -161,7 +160,7 @@ def run_host(kernel: CudaKernel, data: bytes, library: HostLibrary, flags: int =
     return result
 
 
-def _measured(kernel: CudaKernel, data: bytes) -> KernelFault | None:
+def _measured(kernel: CudaShape, data: bytes) -> KernelFault | None:
     """The check build's report of the chunk's fault, or None if it has none to give."""
     try:
         run_host(kernel, data, launcher(kernel, check=True), CHECK | QUIET)

@@ -24,8 +24,8 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-from .cuda_compile import KernelCompileError
 from .cuda_text import code_only, line_of
+from .errors import KernelCompileError
 from .host_cache import HostCache
 from .host_unit import STUB_HEADERS, translation_unit
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from .cuda_compile import KernelCompileError
+from .errors import KernelCompileError
 
 OWN_MODE = 0o700
 BUILTINS_MODE = 0o755

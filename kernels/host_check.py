@@ -22,7 +22,7 @@ from .host_faults import KernelFault, KernelRace
 from .settings import CudaSettings
 
 if TYPE_CHECKING:
-    from .cuda import CudaKernel
+    from .cuda_shape import CudaShape
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 ATOMIC_RTOL = 1e-5
 
 
-def check_chunk(kernel: CudaKernel, data: bytes, settings: CudaSettings | None = None) -> bytes:
+def check_chunk(kernel: CudaShape, data: bytes, settings: CudaSettings | None = None) -> bytes:
     """Run `data` through the kernel in check mode; its output, if nothing is wrong.
 
     Raises:
@@ -69,7 +69,7 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
 
 
-def _atomic_rounding(kernel: CudaKernel, a: bytes, b: bytes) -> bool:
+def _atomic_rounding(kernel: CudaShape, a: bytes, b: bytes) -> bool:
     dtype = np.dtype(kernel.output_dtype)
     if dtype.kind != "f" or "atomic" not in kernel.source:
         return False

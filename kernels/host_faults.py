@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .kernel import KernelArgumentError
+from .errors import KernelArgumentError
 
 # An address, or alternatives (the first that is a kernel.cu line wins).
 _PC = re.compile(r"@pc:([0-9a-f|]+)@")

@@ -15,8 +15,8 @@ import re
 import shutil
 import subprocess
 
-from .cuda_compile import KernelCompileError
 from .cuda_text import SharedDecl, code_only, shared_declarations
+from .errors import KernelCompileError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _STATIC = re.compile(r"\bstatic\b")

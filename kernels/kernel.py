@@ -9,15 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .errors import KernelArgumentError
+
 if TYPE_CHECKING:
     from .cuda import CudaKernel
 
 # reference(xp, args, data) -> output bytes; `xp` is numpy or cupy.
 Reference = Callable[[ModuleType, Mapping[str, Any], bytes], bytes]
-
-
-class KernelArgumentError(ValueError):
-    """A kernel call's input, args or output broke the kernel's limits (a launch failure)."""
 
 
 @attrs.frozen

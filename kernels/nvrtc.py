@@ -23,10 +23,9 @@ from typing import Any
 
 import attrs
 
-from .cuda_compile import KernelCompileError
 from .cuda_headers import cuda_include
+from .errors import KernelArgumentError, KernelCompileError
 from .host_cache import HostCache
-from .kernel import KernelArgumentError
 from .nvrtc_limits import limit_problem, ptxas_error, ptxas_usage
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from vramfabric.kernels.code import (
     python_version,
     wants_context,
 )
-from vramfabric.kernels.kernel import KernelArgumentError
+from vramfabric.kernels.errors import KernelArgumentError
 
 OFFSET = 7
 
