@@ -1,4 +1,4 @@
-"""docs/protocol.md lists exactly the names broker/subjects.py builds."""
+"""docs/protocol.md lists exactly the names broker/subjects/ builds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""broker/subjects.py: the names Subjects builds, token checks, and lease subject parsing."""
+"""broker/subjects/: the names Subjects builds, token checks, and lease subject parsing."""
 
 from __future__ import annotations
 
