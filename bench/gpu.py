@@ -3,8 +3,8 @@
 It needs an NVIDIA GPU and `pip install '.[gpu]'`; without CUDA it says why on stderr,
 prints one JSON line `{"bench": "gpu", "skipped": "..."}` and exits 0.
 
-- `overhead`: per chunk, an executor's GPU path (worker/executor_work.py: the lease's stream and
-  capped pool, the input copied in, the zeroed `out`, the launch, the wait, `out` copied
+- `overhead`: per chunk, an executor's GPU path (worker/executor/work_runner.py: the lease's
+  stream and capped pool, the input copied in, the zeroed `out`, the launch, the wait, `out` copied
   back) with the module cached, against the kernel's own time (CUDA events around the bare
   launch): `overhead_us` is the difference.
 - `first_result_s`: from `Fabric.run` to the first result of a job on a node that has just
@@ -104,7 +104,7 @@ def overhead(cupy: ModuleType, kernel: Any, loops: int, chunks: int) -> dict[str
     """Per chunk: the executor's GPU path with a cached module, against the bare kernel."""
     from vramfabric.kernels import builtin_registry
     from vramfabric.kernels.code import Context
-    from vramfabric.worker.executor_work import WorkRunner
+    from vramfabric.worker.executor.work_runner import WorkRunner
 
     runner = WorkRunner(builtin_registry(), simulated=False)
     runner.add_blob(kernel.digest, kernel.to_blob())

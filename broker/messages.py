@@ -82,7 +82,8 @@ class NodeAdvert:
     jobs: Mapping[str, int] = attrs.field(factory=dict)
     # Tenants this node lately could not give all they asked for (see docs/protocol.md).
     waiting: tuple[str, ...] = ()
-    # How its executors are kept apart: "uid-per-tenant" or "shared-uid" (worker/containment.py).
+    # How its executors are kept apart: "uid-per-tenant" or "shared-uid"
+    # (worker/executors/containment.py).
     containment: str = ""
     v: int = PROTOCOL_VERSION
     # Whether it runs packed chunks (ChunkPack): a coordinator packs a job's chunks only while
@@ -92,7 +93,7 @@ class NodeAdvert:
     # coordinator leases for a registered kernel only where it is listed. None: a worker of an
     # older version, which does not say (assumed to run any, as before).
     kernels: tuple[str, ...] | None = None
-    # Recent service per tenant on this node (decayed byte-seconds, worker/served.py): who
+    # Recent service per tenant on this node (decayed byte-seconds, worker/leases/served.py): who
     # served least lately comes first when tenants outnumber slices.
     served: Mapping[str, float] = attrs.field(factory=dict)
     # Leases held per tenant on this node (counted like `tenants`).

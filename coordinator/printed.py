@@ -5,7 +5,7 @@ process's `sys.stdout` and `sys.stderr` become switches (once per process): what
 thread writes (or any thread, while a single call runs in the process: threads the call
 started) goes to that call's `Printed`; anything else goes where it went before. A `Printed`
 sends its text through `send`, the call's checkpoint channel to the node agent, which
-forwards it to the caller (worker/calls.py): every FLUSH_S, at once when CHUNK_CHARS are
+forwards it to the caller (worker/chunks/calls.py): every FLUSH_S, at once when CHUNK_CHARS are
 waiting, and when the call ends. A writer waits while a full buffer is sent, so a flood of
 prints slows the call down instead of filling its memory.
 

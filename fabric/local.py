@@ -94,7 +94,7 @@ class LocalFleet:
 
     def start(self, ready_timeout_s: float = 30.0) -> LocalFleet:
         """Start the server (unless `url` is set) and the workers; wait until all serve."""
-        from vramfabric.worker.gpus import check_slice, parse_simulate
+        from vramfabric.worker.node.gpus import check_slice, parse_simulate
 
         # Said here, before anything starts: a worker's own refusal would only show as its
         # exit code (its stderr is not kept unless `verbose`).

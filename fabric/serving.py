@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vramfabric.broker.errors import VramfabricError
-from vramfabric.worker.flags import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
+from vramfabric.worker.node.flags import DEFAULT_METRICS_PORT as DEFAULT_WORKER_METRICS_PORT
 
 from .exits import RET_FAILED, RET_OK, RET_USAGE
 from .flags import add_metrics_port
@@ -208,7 +208,7 @@ def add_serving(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--allow-code", action="store_true", help="workers run Python functions")
     add_metrics_port(p, "the workers': worker i on PORT+i", DEFAULT_WORKER_METRICS_PORT)
     p.set_defaults(handler=cmd_up)
-    from vramfabric.worker.flags import add_arguments
+    from vramfabric.worker.node.flags import add_arguments
 
     p = sub.add_parser("worker", help="run a node agent")
     add_arguments(p)

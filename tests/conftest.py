@@ -24,7 +24,7 @@ from .hang_report import reported_after
 
 # Worker processes the tests start run the tests' own code: where executors cannot get uids
 # of their own (a root Python in /root, as on the project's machines), it runs as the worker
-# (worker/containment.py). In-process agents get `allow_shared_uid` from their fixtures.
+# (worker/executors/containment.py). In-process agents get `allow_shared_uid` from their fixtures.
 os.environ.setdefault("VRAMFABRIC_ALLOW_SHARED_UID", "1")
 
 # A suite started in the background of a non-interactive shell (`cmd &`, nohup) inherits

@@ -13,17 +13,17 @@ if TYPE_CHECKING:
     from vramfabric.broker.settings import parse_size
 
     from .agent import Agent, discover
-    from .gpus import GpuSpec, parse_simulate
-    from .ledger import SliceLedger
-    from .settings import WorkerSettings
+    from .leases.ledger import SliceLedger
+    from .node.gpus import GpuSpec, parse_simulate
+    from .node.settings import WorkerSettings
 
 _WHERE = {
     "Agent": ".agent",
     "discover": ".agent",
-    "GpuSpec": ".gpus",
-    "parse_simulate": ".gpus",
-    "SliceLedger": ".ledger",
-    "WorkerSettings": ".settings",
+    "GpuSpec": ".node.gpus",
+    "parse_simulate": ".node.gpus",
+    "SliceLedger": ".leases.ledger",
+    "WorkerSettings": ".node.settings",
     "parse_size": "vramfabric.broker.settings",
 }
 

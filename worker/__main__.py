@@ -17,9 +17,9 @@ import attrs
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed, PermanentError
 from vramfabric.broker.settings import BrokerSettings, parse_size
 
-from .flags import add_arguments
-from .hardening import make_undumpable
-from .settings import WorkerSettings
+from .executor.hardening import make_undumpable
+from .node.flags import add_arguments
+from .node.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from vramfabric.broker.connection import Connection
@@ -98,7 +98,8 @@ async def connect_patiently(broker: BrokerSettings, name: str) -> Connection:
 
 def preload() -> None:
     """Import what `serve` imports: a worker forked from this process then starts at once."""
-    from . import agent, colocated, metrics  # noqa: F401
+    from . import agent, colocated  # noqa: F401
+    from .node import metrics  # noqa: F401
 
 
 async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1) -> int:
@@ -110,7 +111,7 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1
     # commands that only parse the worker's flags (fabric/serving.py) do not pay for them.
     from .agent import Agent
     from .colocated import Colocated
-    from .metrics import WorkerMetrics
+    from .node.metrics import WorkerMetrics
 
     metrics, url = WorkerMetrics(), ""
     if settings.metrics_port is not None:
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         broker = BrokerSettings.from_env()
         settings = worker_settings(args)
         if settings.simulate:  # its GPUs are known now: refuse before connecting
-            from .gpus import check_slice, parse_simulate
+            from .node.gpus import check_slice, parse_simulate
 
             check_slice(parse_simulate(settings.simulate), settings.slice_bytes)
     except (ValueError, ImportError) as exc:

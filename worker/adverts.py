@@ -19,10 +19,10 @@ from vramfabric.broker.subjects import Subjects
 from vramfabric.kernels.code import python_version
 from vramfabric.kernels.registry import kernel_names
 
-from .health import NvmlProbe
-from .ledger import SliceLedger
-from .metrics import WorkerMetrics
-from .settings import WorkerSettings
+from .leases.ledger import SliceLedger
+from .node.health import NvmlProbe
+from .node.metrics import WorkerMetrics
+from .node.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

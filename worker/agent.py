@@ -27,22 +27,22 @@ from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
 from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.settings import BrokerSettings
 
-from .advert_book import AdvertBook
 from .adverts import Heartbeat, node_facts
-from .calls import CallService
-from .fairness import FleetShare, ShareTiming
-from .gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
-from .lease_service import LeaseService
-from .ledger import SliceLedger
-from .metrics import WorkerMetrics
-from .policy import PolicyFile
-from .pool import ExecutorPool
-from .puller import JobPuller
-from .quota import open_book
-from .settings import WorkerSettings
-from .slot import ChunkRunner
-from .store import ChunkStore
-from .work import WorkLoader
+from .chunks.calls import CallService
+from .chunks.puller import JobPuller
+from .chunks.runner import ChunkRunner
+from .chunks.store import ChunkStore
+from .chunks.work import WorkLoader
+from .executors.pool import ExecutorPool
+from .leases.fairness import FleetShare, ShareTiming
+from .leases.lease_service import LeaseService
+from .leases.ledger import SliceLedger
+from .leases.quota import open_book
+from .node.advert_book import AdvertBook
+from .node.gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
+from .node.metrics import WorkerMetrics
+from .node.policy import PolicyFile
+from .node.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class Agent:
         key = (tenant, job)
         self._reap_executors()
         if self.broker.subjects.is_interactive(job):
-            # Calls come by request-reply (worker/calls.py): no job, so no puller.
+            # Calls come by request-reply (worker/chunks/calls.py): no job, so no puller.
             self._calls.leases_changed()
             for lease in self.ledger.leases_of(tenant, job):
                 if not self._stopping:

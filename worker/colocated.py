@@ -21,10 +21,10 @@ from nats.aio.subscription import Subscription
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.settings import BrokerSettings
 
-from .advert_book import AdvertBook
 from .agent import Agent
-from .metrics import WorkerMetrics
-from .settings import WorkerSettings
+from .node.advert_book import AdvertBook
+from .node.metrics import WorkerMetrics
+from .node.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

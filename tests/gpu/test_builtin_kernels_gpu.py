@@ -24,7 +24,7 @@ from vramfabric.kernels import (
     tiles,
 )
 from vramfabric.kernels.code import Context
-from vramfabric.worker.executor_work import WorkRunner
+from vramfabric.worker.executor.work_runner import WorkRunner
 
 RNG_SEED = 1616
 HYPERPARAM_RTOL = 2e-6

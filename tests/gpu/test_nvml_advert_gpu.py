@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from tests.gpu.conftest import GpuAgent
 from tests.helpers import eventually
 from vramfabric.coordinator import Fabric
-from vramfabric.worker.gpus import open_nvml, text
+from vramfabric.worker.node.gpus import open_nvml, text
 
 SLICE_BYTES = 2**30
 

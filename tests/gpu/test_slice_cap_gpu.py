@@ -15,7 +15,7 @@ import pytest
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.code import Context, PythonCode, encode_input
-from vramfabric.worker.executor_work import Failure, WorkRunner
+from vramfabric.worker.executor.work_runner import Failure, WorkRunner
 
 MIB = 2**20
 SLICE_BYTES = 64 * MIB

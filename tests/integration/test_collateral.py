@@ -28,7 +28,7 @@ from tests.integration.conftest import AgentFactory, FabricFactory, WorkerProces
 from vramfabric.broker import BrokerSettings, ErrorKind, RetryPolicy
 from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.worker.executor import MAX_OUTPUT_BYTES
+from vramfabric.worker.executor.process import MAX_OUTPUT_BYTES
 
 NO_RETRY = RetryPolicy(max_retries=0)
 # One GPU's leases all share one process: at most 2 executors per GPU (a lane + 1 to narrow).

@@ -23,7 +23,7 @@ from vramfabric.broker.settings import DEFAULT_URL
 from vramfabric.cli import build_parser
 from vramfabric.coordinator import metrics as coordinator_metrics
 from vramfabric.coordinator.jobfile import load
-from vramfabric.worker import metrics as worker_metrics
+from vramfabric.worker.node import metrics as worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS = ("nats1", "nats2", "nats3")

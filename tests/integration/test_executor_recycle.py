@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.coordinator import Gather, Job
-from vramfabric.worker.pool import MAX_WORKS_PER_EXECUTOR
+from vramfabric.worker.executors.pool import MAX_WORKS_PER_EXECUTOR
 
 
 def numbered(k: int) -> Callable[[int], tuple[int, int]]:

@@ -21,8 +21,9 @@ from tests.helpers import eventually, wait_for_line
 from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.coordinator import Gather, Job
-from vramfabric.worker.containment import CONTAINED, DEFAULT_UIDS, obstacle
-from vramfabric.worker.executor_start import EXECUTOR_SETTINGS
+from vramfabric.worker.executors.containment import CONTAINED, obstacle
+from vramfabric.worker.executors.start import EXECUTOR_SETTINGS
+from vramfabric.worker.node.uids import DEFAULT_UIDS
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uid switching: Linux only"),
@@ -34,7 +35,8 @@ pytestmark = [
 SECRET = "hunter2-not-for-tenants"
 # Checks whether the interpreter it runs on can be used by executors of the default uids.
 CHECK = (
-    "from vramfabric.worker.containment import DEFAULT_UIDS, obstacle; "
+    "from vramfabric.worker.executors.containment import obstacle; "
+    "from vramfabric.worker.node.uids import DEFAULT_UIDS; "
     "print(obstacle(DEFAULT_UIDS))"
 )
 

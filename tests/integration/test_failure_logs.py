@@ -21,7 +21,7 @@ from vramfabric.broker import BrokerSettings, ErrorKind, RetryPolicy
 from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
 from vramfabric.kernels.cuda import CudaKernel
-from vramfabric.worker.captured import TAIL_BYTES
+from vramfabric.worker.executor.captured import TAIL_BYTES
 
 NO_RETRY = RetryPolicy(max_retries=0)
 

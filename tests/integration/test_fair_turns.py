@@ -1,4 +1,4 @@
-"""More tenants than slices: every waiting tenant is served in turn (worker/fairness.py)."""
+"""More tenants than slices: every waiting tenant is served in turn (worker/leases/fairness.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from vramfabric.broker import ErrorKind
 from vramfabric.broker.errors import CodeRefused
 from vramfabric.coordinator import Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.worker.containment import DEFAULT_UIDS, obstacle
+from vramfabric.worker.executors.containment import obstacle
+from vramfabric.worker.node.uids import DEFAULT_UIDS
 
 # Only a worker that would share its uid refuses: on a root worker with a readable install
 # each tenant gets a uid of its own and code runs without the allowance.

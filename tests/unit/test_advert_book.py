@@ -1,9 +1,9 @@
-"""Who waits, as a node reads it from the fleet's adverts (worker/advert_book.py)."""
+"""Who waits, as a node reads it from the fleet's adverts (worker/node/advert_book.py)."""
 
 from __future__ import annotations
 
 from vramfabric.broker.messages import GpuState, NodeAdvert
-from vramfabric.worker.advert_book import AdvertBook
+from vramfabric.worker.node.advert_book import AdvertBook
 
 GIB = 2**30
 

@@ -10,14 +10,14 @@ import pytest
 from vramfabric.broker.messages import GpuState, NodeAdvert
 from vramfabric.report import advert_dict
 from vramfabric.worker import WorkerSettings
-from vramfabric.worker.containment import (
+from vramfabric.worker.executors.containment import (
     SHARED,
     Containment,
     Sandbox,
-    UidRange,
     executor_env,
     uid_for,
 )
+from vramfabric.worker.node.uids import UidRange
 
 RANGE = UidRange(20000, 20999)
 
@@ -109,7 +109,7 @@ def test_a_worker_that_is_not_root_says_its_executors_share_its_uid(
     # Given a worker running as an ordinary user, with no uid range
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     # When it starts with tenants' code allowed, and shared uids allowed
-    with caplog.at_level(logging.INFO, "vramfabric.worker.containment"):
+    with caplog.at_level(logging.INFO, "vramfabric.worker.executors.containment"):
         containment = Containment.start(None, allow_code=True, allow_shared_uid=True)
     # Then it runs them shared, and says so in one warning
     assert containment.mode == SHARED and containment.sandbox("alpha") is None

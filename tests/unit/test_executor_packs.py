@@ -1,4 +1,4 @@
-"""worker/executor.py: a pack's chunks run in one frame, each with its own outcome and context."""
+"""worker/executor/: a pack's chunks run in one frame, each with its own outcome and context."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from vramfabric.coordinator.work import job_work
 from vramfabric.kernels.code import Context, encode_input
-from vramfabric.worker import ipc
-from vramfabric.worker.executor import Executor
+from vramfabric.worker.executor import ipc
+from vramfabric.worker.executor.process import Executor
 
 
 def index_or_fail(x: int, ctx: Context) -> tuple[int, int, str]:

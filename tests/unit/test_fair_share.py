@@ -1,15 +1,15 @@
-"""Turns and take-backs of the fair share (worker/fairness.py, turns.py, served.py), pure."""
+"""Turns and take-backs of the fair share (worker/leases/fairness.py, turns.py, served.py), pure."""
 
 from __future__ import annotations
 
 from vramfabric.broker.messages import LeaseRequest, NodeAdvert
 from vramfabric.broker.tenants import TenantPolicy
-from vramfabric.worker.advert_book import AdvertBook
-from vramfabric.worker.fairness import TURN, FleetShare, ShareTiming
-from vramfabric.worker.gpus import GpuSpec
-from vramfabric.worker.ledger import SliceLedger
-from vramfabric.worker.served import ServiceMeter
-from vramfabric.worker.turns import node_part
+from vramfabric.worker.leases.fairness import TURN, FleetShare, ShareTiming
+from vramfabric.worker.leases.ledger import SliceLedger
+from vramfabric.worker.leases.served import ServiceMeter
+from vramfabric.worker.leases.turns import node_part
+from vramfabric.worker.node.advert_book import AdvertBook
+from vramfabric.worker.node.gpus import GpuSpec
 
 GIB = 2**30
 TIMING = ShareTiming(waiting_ttl_s=10.0, turn_s=5.0, grace_s=1.0, settle_s=0.5)

@@ -1,11 +1,11 @@
-"""worker/gpus.py: sizes and simulated fleets from text."""
+"""worker/node/gpus.py: sizes and simulated fleets from text."""
 
 from __future__ import annotations
 
 import pytest
 
 from vramfabric.broker.settings import parse_size
-from vramfabric.worker.gpus import GpuSpec, parse_simulate
+from vramfabric.worker.node.gpus import GpuSpec, parse_simulate
 
 
 @pytest.mark.parametrize(

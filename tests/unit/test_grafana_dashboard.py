@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from vramfabric.coordinator.metrics import CoordinatorMetrics
-from vramfabric.worker.metrics import WorkerMetrics
+from vramfabric.worker.node.metrics import WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "vramfabric.json"
 # PromQL's words that are not metric names: the functions and operators these queries may use.

@@ -1,7 +1,7 @@
 """The host path's caches, and registered kernels that run their CUDA version on it.
 
 kernels/host_cache.py and kernels/prebuild.py: one build per node, the node's built-ins
-folder; worker/executor_work.py: a registered kernel's CUDA version on a simulated GPU, its
+folder; worker/executor/work_runner.py: a registered kernel's CUDA version on a simulated GPU, its
 reference where there is no g++.
 """
 
@@ -29,7 +29,7 @@ from vramfabric.kernels.code import Context
 from vramfabric.kernels.host_cache import UNUSED_S, HostCache
 from vramfabric.kernels.prebuild import prebuild
 from vramfabric.kernels.settings import CudaSettings
-from vramfabric.worker.executor_work import Failure, WorkRunner
+from vramfabric.worker.executor.work_runner import Failure, WorkRunner
 
 RNG_SEED = 1616
 HYPERPARAM_RTOL = 2e-6  # the host path's float32 sums run in another order than NumPy's

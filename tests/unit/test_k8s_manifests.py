@@ -29,8 +29,8 @@ from vramfabric.cli import parse
 from vramfabric.coordinator import jobfile
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.__main__ import STOP_SLACK_S, worker_settings
-from vramfabric.worker.gpus import check_slice, parse_simulate
-from vramfabric.worker.settings import WorkerSettings
+from vramfabric.worker.node.gpus import check_slice, parse_simulate
+from vramfabric.worker.node.settings import WorkerSettings
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 OVERLAYS = ("gpu", "simulated")

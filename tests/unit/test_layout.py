@@ -1,11 +1,11 @@
-"""Which executor process each lease's chunks run in (worker/layout.py)."""
+"""Which executor process each lease's chunks run in (worker/executors/layout.py)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from vramfabric.broker.messages import Lease
-from vramfabric.worker.layout import LANE, ExecutorLayout
+from vramfabric.worker.executors.layout import LANE, ExecutorLayout
 
 
 def lease(n: int, gpu: int = 0, tenant: str = "t1") -> Lease:

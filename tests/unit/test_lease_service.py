@@ -13,12 +13,12 @@ from nats.aio.msg import Msg
 from vramfabric.broker import Subjects, encode
 from vramfabric.broker.messages import LeaseGrant, LeaseRequest
 from vramfabric.broker.tenants import TenantPolicy
-from vramfabric.worker.advert_book import AdvertBook
-from vramfabric.worker.fairness import FleetShare, ShareTiming
-from vramfabric.worker.gpus import GpuSpec
-from vramfabric.worker.lease_service import LeaseService
-from vramfabric.worker.ledger import SliceLedger
-from vramfabric.worker.metrics import WorkerMetrics
+from vramfabric.worker.leases.fairness import FleetShare, ShareTiming
+from vramfabric.worker.leases.lease_service import LeaseService
+from vramfabric.worker.leases.ledger import SliceLedger
+from vramfabric.worker.node.advert_book import AdvertBook
+from vramfabric.worker.node.gpus import GpuSpec
+from vramfabric.worker.node.metrics import WorkerMetrics
 
 GIB = 2**30
 SUBJECTS = Subjects("vf")

@@ -1,12 +1,12 @@
-"""worker/ledger.py: SliceLedger grants, renews, releases and reaps slices; time is a number."""
+"""worker/leases/ledger.py: SliceLedger grants, renews, releases, reaps slices; time a number."""
 
 from __future__ import annotations
 
 from vramfabric.broker import codec
 from vramfabric.broker.messages import LeaseRequest, NodeAdvert
-from vramfabric.worker.gpus import GpuSpec
-from vramfabric.worker.health import GpuReading
-from vramfabric.worker.ledger import SliceLedger
+from vramfabric.worker.leases.ledger import SliceLedger
+from vramfabric.worker.node.gpus import GpuSpec
+from vramfabric.worker.node.health import GpuReading
 
 GiB = 2**30
 T0 = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""worker/gpus.py and worker/health.py against a recorded fake of the pynvml calls.
+"""worker/node/gpus.py and worker/node/health.py against a recorded fake of the pynvml calls.
 
 There is no GPU on the machines this project is built on, so NVML is never called here.
 `FakeNvml` is a module-like object with pynvml's function, constant and error-class names
@@ -24,9 +24,9 @@ import attrs
 import pytest
 
 from vramfabric.broker.messages import GpuState, LeaseRequest
-from vramfabric.worker.gpus import GpuSpec, discover_nvml
-from vramfabric.worker.health import GpuReading, NvmlProbe
-from vramfabric.worker.ledger import SliceLedger
+from vramfabric.worker.leases.ledger import SliceLedger
+from vramfabric.worker.node.gpus import GpuSpec, discover_nvml
+from vramfabric.worker.node.health import GpuReading, NvmlProbe
 
 GiB = 2**30
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol" / "messages.md"

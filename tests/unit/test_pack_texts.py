@@ -1,9 +1,9 @@
-"""worker/pack_slot.py: a pack's failures share the room of its result, each keeping its ends."""
+"""worker/chunks/pack_runner.py: a pack's failures share its result's room, each keeps its ends."""
 
 from __future__ import annotations
 
 from vramfabric.broker.messages import ChunkResult
-from vramfabric.worker.pack_slot import _shortened
+from vramfabric.worker.chunks.pack_runner import _shortened
 
 
 def failed(error: str, traceback: str, printed: str) -> ChunkResult:

@@ -9,8 +9,8 @@ import pytest
 from vramfabric.broker.messages import GpuState, LeaseRequest, NodeAdvert
 from vramfabric.coordinator.placement import plan
 from vramfabric.coordinator.settings import CoordinatorSettings
-from vramfabric.worker.gpus import parse_simulate
-from vramfabric.worker.ledger import SliceLedger
+from vramfabric.worker.leases.ledger import SliceLedger
+from vramfabric.worker.node.gpus import parse_simulate
 
 S = 2**30  # slice size and granule
 

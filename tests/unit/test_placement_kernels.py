@@ -14,7 +14,7 @@ from vramfabric.coordinator.work import job_work
 from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.registry import BUILTIN_NAMES, kernel_names
 from vramfabric.worker.adverts import node_facts
-from vramfabric.worker.settings import WorkerSettings
+from vramfabric.worker.node.settings import WorkerSettings
 
 S = 2**30
 

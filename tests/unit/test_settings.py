@@ -8,7 +8,7 @@ from vramfabric.broker.messages import MAX_LEASE_COUNT
 from vramfabric.broker.settings import DEFAULT_URL, BrokerSettings
 from vramfabric.broker.subjects import token
 from vramfabric.coordinator.settings import CoordinatorSettings
-from vramfabric.worker.settings import WorkerSettings
+from vramfabric.worker.node.settings import WorkerSettings
 
 # --- BrokerSettings ----------------------------------------------------------------------
 

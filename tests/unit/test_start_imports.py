@@ -53,7 +53,7 @@ def imported(code: str, absent: tuple[str, ...]) -> list[str]:
         ),
         (
             "an executor",
-            "import vramfabric.worker.executor",
+            "import vramfabric.worker.executor.process",
             ("nats", "asyncio", "tenacity", "prometheus_client"),
         ),
     ],

@@ -1,4 +1,4 @@
-"""worker/work.py and worker/ipc.py: who may run what, and the executor frames."""
+"""worker/chunks/work.py and worker/executor/ipc.py: who may run what, and the executor frames."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from vramfabric.broker.messages import JobSpec
 from vramfabric.kernels.code import python_version
-from vramfabric.worker import ipc
-from vramfabric.worker.work import refusal
+from vramfabric.worker.chunks.work import refusal
+from vramfabric.worker.executor import ipc
 
 
 def spec(kind: str, python: str = "") -> JobSpec:

@@ -1,7 +1,7 @@
 """How the agent starts an executor process: its arguments, environment and uid.
 
 `python -m vramfabric.worker.executor` for one GPU, in a process group of its own
-(worker/process_group.py), with none of the worker's settings or credentials, as its
+(worker/executors/process_group.py), with none of the worker's settings or credentials, as its
 tenant's uid in its private directory where the node contains executors.
 """
 
@@ -14,13 +14,13 @@ import tempfile
 from typing import Any
 
 from vramfabric.broker.server import die_with_parent
-from vramfabric.kernels.cuda_compile import KernelCompileError
+from vramfabric.kernels.errors import KernelCompileError
 from vramfabric.kernels.host_cache import BUILTINS_MODE, own_folder
 from vramfabric.kernels.settings import CudaSettings
 
+from ..node.gpus import GpuSpec
 from . import process_group
 from .containment import Sandbox, executor_env
-from .gpus import GpuSpec
 from .process_group import GroupProcess
 
 # The only VRAMFABRIC_ variables an executor gets, set for it here (never the worker's own).
@@ -66,7 +66,7 @@ async def start_executor(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if gpu.cpus:
         args += ["--cpus", ",".join(map(str, gpu.cpus))]
-    # What its chunks print, read back for a failed chunk (worker/captured.py): an unlinked
+    # What its chunks print, read back for a failed chunk (worker/executor/captured.py): an unlinked
     # file of the agent's, which a contained executor writes through the descriptor alone.
     # Open for the process's life: GroupProcess.close_pipes closes it.
     capture = tempfile.TemporaryFile(prefix="vramfabric-executor-")  # noqa: SIM115

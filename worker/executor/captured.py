@@ -1,8 +1,8 @@
 """What chunks print: an executor's stdout and stderr, kept so that a failed chunk can say.
 
 The agent starts each executor with its stderr on a file of the agent's (an unlinked
-temporary file, worker/executor_start.py), and the executor points its stdout there too
-(executor.py), so Python's `print`, C's stdio and a CUDA kernel's `printf` on the host path
+temporary file, worker/executors/start.py), and the executor points its stdout there too
+(process.py), so Python's `print`, C's stdio and a CUDA kernel's `printf` on the host path
 all land in it. A chunk's text is what the file gained while the chunk ran; a failed chunk's
 result keeps the last TAIL_BYTES of it (stdout and stderr together, in the order written),
 and its traceback. The file is emptied when a chunk starts in a process where none runs, so

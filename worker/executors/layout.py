@@ -17,7 +17,7 @@ import attrs
 
 from vramfabric.broker.messages import Lease
 
-from .executor_handle import ExecKey
+from .handle import ExecKey
 
 # Third key field of a lane: a process per lease of a tenant's Python function.
 LANE = "lane"

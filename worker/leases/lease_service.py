@@ -3,7 +3,7 @@
 The tenant comes from the subject (the server's permissions guard it), never the payload.
 Every request gets a reply: the answer, or an ErrorReply saying what was wrong with it. A
 request with no reply subject, or one that is not an inbox, is refused unanswered. Each
-tenant's requests wait in a bounded queue of their own (worker/lease_intake.py); one past
+tenant's requests wait in a bounded queue of their own (worker/leases/lease_intake.py); one past
 the bound is refused at once as `busy`, so a tenant's flood delays others by about one of
 its requests. `held` tells a tenant its own leases here by job (adverts carry no job ids).
 A tenant with a quota is served under its QuotaBook lock: the reservation in KV comes
@@ -42,10 +42,10 @@ from vramfabric.broker.messages import (
 )
 from vramfabric.broker.subjects import Subjects
 
+from ..node.metrics import WorkerMetrics
 from .fairness import FleetShare
 from .lease_intake import QUEUE_LIMIT, LeaseIntake, Publish, Reply
 from .ledger import SliceLedger
-from .metrics import WorkerMetrics
 from .quota import QUOTA, QuotaBook
 from .revoked import Revoked
 

@@ -6,13 +6,13 @@ advert subject every heartbeat and right after each grant or release). A tenant 
 tenants they saw waiting in their adverts, so every node knows.
 
 Under contention (another tenant waits and holds less than its weighted share), a tenant
-gets no grant past its own share, except one slice when it is its turn (worker/turns.py):
+gets no grant past its own share, except one slice when it is its turn (worker/leases/turns.py):
 when tenants outnumber slices a share is less than a slice, and rounded down it would be
 nothing. The nodes take back, at renewals and at every heartbeat whatever TTL a lease has,
 their part of a tenant's excess over its share (all of it, split over the nodes that hold
 it), and a slice a tenant has held for a turn (`turn_s`) while a waiting tenant stands
 before it. A node that frees a slice keeps it, for a grace period, for the waiting tenant
-whose turn it is. Quotas are not judged here: adverts lag grants, so worker/quota.py
+whose turn it is. Quotas are not judged here: adverts lag grants, so worker/leases/quota.py
 reserves them in KV. Pure: the clock is passed in.
 """
 
@@ -25,10 +25,10 @@ import attrs
 from vramfabric.broker.messages import Lease, NodeAdvert, round_up
 from vramfabric.broker.tenants import TenantPolicy
 
-from .advert_book import AdvertBook
+from ..node.advert_book import AdvertBook
+from ..node.settings import WorkerSettings
 from .ledger import SliceLedger
 from .served import ServiceMeter
-from .settings import WorkerSettings
 from .turns import ahead, node_part, standing
 
 SHARE = "share"
@@ -50,7 +50,7 @@ class ShareTiming:
     # After taking leases back from a tenant, a node lets adverts catch up this long before
     # it takes more of that tenant's (they would still count what other nodes took).
     settle_s: float = 2.0
-    # Recent service halves in this time (worker/served.py).
+    # Recent service halves in this time (worker/leases/served.py).
     halflife_s: float = 60.0
 
     @classmethod

@@ -1,9 +1,9 @@
 """An executor process: runs chunks for one GPU (and one tenant) on one thread per lease.
 
-Started by the node agent (`worker/executor_handle.py`) as `python -m vramfabric.worker.executor`.
-Frames (worker/ipc.py) come in on stdin and go out on a private copy of stdout; the real
+Started by the node agent (`worker/executors/handle.py`) as `python -m vramfabric.worker.executor`.
+Frames (worker/executor/ipc.py) come in on stdin and go out on a private copy of stdout; the real
 stdout is pointed at stderr so that a user's `print` cannot corrupt the frame stream. Each
-`run` frame runs on its own thread (worker/executor_work.py runs the work). This process may
+`run` frame runs on its own thread (worker/executor/work_runner.py runs the work). This process may
 crash, hang or be killed at any time: the agent fails its running chunks and starts another.
 """
 
@@ -27,10 +27,10 @@ from vramfabric.kernels.settings import CudaSettings
 
 from . import ipc
 from .captured import Captured
-from .executor_packs import run_pack
-from .executor_work import Failure, WorkRunner, full_traceback, is_cuda_error, summary
 from .hardening import make_undumpable
 from .leftovers import Leftovers, become_subreaper
+from .packs import run_pack
+from .work_runner import Failure, WorkRunner, full_traceback, is_cuda_error, summary
 
 # How long `ctx.checkpoint()` waits for the agent to store the state.
 CHECKPOINT_TIMEOUT_S = 30.0
@@ -271,6 +271,3 @@ def main(argv: list[str] | None = None) -> int:
     # The agent is gone or done with us: do not wait for chunks that may hang.
     os._exit(0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

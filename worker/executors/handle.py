@@ -19,12 +19,12 @@ import attrs
 
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
 
-from . import ipc
-from .captured import attach, read_tail
+from ..executor import ipc
+from ..executor.captured import attach, read_tail
+from ..node.gpus import GpuSpec
 from .containment import Sandbox
-from .executor_start import start_executor
-from .gpus import GpuSpec
 from .process_group import FRAMES_AFTER_EXIT_S, GroupProcess, exit_reason
+from .start import start_executor
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Running:
     # The seconds the work ran in its executor thread (no wait for the process to start or
     # for the frame to be read): packing reads it.
     cost_s: float = 0.0
-    # The process its lease's chunks belong in (worker/layout.py); it may run in another
+    # The process its lease's chunks belong in (worker/executors/layout.py); it may run in another
     # lane of its tenant while that one is still starting (ExecutorPool).
     home: ExecKey | None = None
 
@@ -75,7 +75,7 @@ class ExecutorProcess:
     """One executor process and the chunks it is running."""
 
     key: ExecKey
-    # The process, in a process group of its own (worker/process_group.py).
+    # The process, in a process group of its own (worker/executors/process_group.py).
     proc: GroupProcess
     on_exit: Callable[[ExecutorProcess], None]
     ready: asyncio.Future[None] = attrs.field(

@@ -37,11 +37,11 @@ from vramfabric.broker.retrying import CallRetry
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS, Subjects
 
+from ..leases.ledger import SliceLedger
+from ..node.metrics import WorkerMetrics
 from .keepalive import KeepAlive, quiet
-from .ledger import SliceLedger
-from .metrics import WorkerMetrics
-from .pack_slot import PackRunner
-from .slot import ChunkRunner
+from .pack_runner import PackRunner
+from .runner import ChunkRunner
 
 log = logging.getLogger(__name__)
 

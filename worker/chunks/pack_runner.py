@@ -1,8 +1,8 @@
 """PackRunner: a pack of tiny chunks on one lease's slot, in one executor frame.
 
 The executor runs the pack's chunks one after another and sends back each one's outcome
-(worker/ipc.py, `pack_outcomes`); each chunk's failure is its own. A pack that runs past one
-chunk's deadline, or whose executor ends under it, runs again chunk by chunk through
+(worker/executor/ipc.py, `pack_outcomes`); each chunk's failure is its own. A pack that runs
+past one chunk's deadline, or whose executor ends under it, runs again chunk by chunk through
 ChunkRunner, each under its own deadline, so only the chunk that hangs or crashes pays: it
 is retried here, alone, on attempts of its own (the pack's message is not delivered again,
 which would charge every chunk of it a delivery), and the others keep the pack's attempt.
@@ -26,9 +26,9 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.packs import ChunkPack, PackResult
 
-from . import ipc
-from .captured import attach
-from .slot import ChunkRunner
+from ..executor import ipc
+from ..executor.captured import attach
+from .runner import ChunkRunner
 from .work import refusal
 
 log = logging.getLogger(__name__)

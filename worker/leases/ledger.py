@@ -26,8 +26,8 @@ from vramfabric.broker.messages import (
     round_up,
 )
 
-from .gpus import GpuSpec
-from .health import GpuReading
+from ..node.gpus import GpuSpec
+from ..node.health import GpuReading
 
 
 @attrs.define

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import attrs
 
-from .executor_handle import ExecKey, ExecutorProcess
+from .handle import ExecKey, ExecutorProcess
 
 # A start waiting for room looks again this often even if nothing told it to.
 ROOM_POLL_S = 0.25

@@ -21,20 +21,12 @@ from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
 from vramfabric.kernels.code import python_version
 
+from ..executors.work import Work
+
 log = logging.getLogger(__name__)
 
 # Blobs kept in memory per node (least recently used go first).
 MAX_CACHED_BLOBS = 64
-
-
-@attrs.frozen
-class Work:
-    """A job's work as an executor needs it: kind, name, digest and (uploaded code) blob."""
-
-    kind: str
-    name: str
-    digest: str
-    blob: bytes | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -50,7 +42,7 @@ def refusal(
 
     `tenant_may` is the tenants file's word on the job's tenant (the tenant comes from
     the subject the job's leases were asked on, never from the spec's payload). `contained`
-    is the containment's refusal ("" when tenants' code may run: worker/containment.py).
+    is the containment's refusal ("" when tenants' code may run: worker/executors/containment.py).
     """
     # A CUDA kernel on simulated GPUs runs its source compiled for this CPU: native code.
     users_code = spec.kernel_kind == "python" or (spec.kernel_kind == "cuda" and simulated)

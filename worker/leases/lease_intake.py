@@ -3,7 +3,7 @@
 The lease service's one subscription hears every tenant; nats-py runs its callback one
 message at a time, so the callback does no serving: a request with no inbox to answer is
 dropped (counted), one too large is refused unread, and the rest wait in their tenant's
-bounded queue (worker/lease_queues.py), one past the bound refused at once as `busy`. The
+bounded queue (worker/leases/lease_queues.py), one past the bound refused at once as `busy`. The
 queues are served by turns, and each answer is sent back here, with its event.
 """
 
@@ -30,8 +30,8 @@ from vramfabric.broker.messages import (
 )
 from vramfabric.broker.subjects import Subjects
 
+from ..node.metrics import WorkerMetrics
 from .lease_queues import TenantQueues
-from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

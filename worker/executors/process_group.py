@@ -51,7 +51,7 @@ class GroupProcess:
         self.proc = proc
         self.transport = transport
         self.exited = exited
-        # Its stderr: a file of the agent's, read back after a crash (worker/captured.py).
+        # Its stderr: a file of the agent's, read back after a crash (worker/executor/captured.py).
         self.capture = capture
 
     @property

@@ -30,11 +30,11 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
-from .captured import carried
-from .executor_handle import Bystander, Suspect
-from .ledger import SliceLedger
-from .pool import ExecutorPool
-from .settings import WorkerSettings
+from ..executor.captured import carried
+from ..executors.handle import Bystander, Suspect
+from ..executors.pool import ExecutorPool
+from ..leases.ledger import SliceLedger
+from ..node.settings import WorkerSettings
 from .store import ChunkStore
 from .work import WorkLoader, refusal
 
@@ -177,7 +177,8 @@ class ChunkRunner:
     ) -> ChunkResult:
         """A failed result naming the error's kind; an unexpected one is logged with a traceback.
 
-        What the chunk printed, and its traceback, come with the error (worker/captured.py).
+        What the chunk printed, and its traceback, come with the error
+        (worker/executor/captured.py).
         """
         if isinstance(exc, ChunkFailed):
             kind, message = exc.error_kind, str(exc)

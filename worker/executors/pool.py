@@ -1,17 +1,17 @@
 """ExecutorPool: the node's executor processes, which hold the execution slots of its leases.
 
-Which process a lease's chunks run in is the layout's choice (worker/layout.py): a lane per
-lease for Python functions, one process per (GPU, tenant) with a thread per lease for
+Which process a lease's chunks run in is the layout's choice (worker/executors/layout.py): a
+lane per lease for Python functions, one process per (GPU, tenant) with a thread per lease for
 kernels. A node runs at most `max_executors_per_gpu` processes on a GPU and `max_executors`
 in all: a process that would pass either cap waits for room, made by stopping an idle
 process (a spare, a lane no chunk uses) or by one ending. A chunk past its deadline gets its
 process killed: it fails as `timeout`, the process's other chunks learn they were
-bystanders (executor_handle.Bystander); a process that dies on its own with several chunks in it
-makes each a suspect (executor_handle.Suspect). ChunkRunner re-runs those; a suspect runs `alone`,
+bystanders (handle.Bystander); a process that dies on its own with several chunks in it
+makes each a suspect (handle.Suspect). ChunkRunner re-runs those; a suspect runs `alone`,
 in a process of its own that is stopped once its chunk ends. Nothing here runs users' code:
 it only moves bytes.
 
-With containment (worker/containment.py) each process runs as its tenant's uid, so there
+With containment (worker/executors/containment.py) each process runs as its tenant's uid, so there
 are no spares: a spare started before its tenant is known could run as nobody's uid.
 """
 
@@ -29,12 +29,12 @@ from vramfabric.broker.errors import ChunkTimeout, ExecutorCrashed
 from vramfabric.broker.messages import Lease
 from vramfabric.kernels.prebuild import start_prebuild
 
+from ..node.gpus import GpuSpec
+from ..node.settings import WorkerSettings
 from .containment import Containment
-from .executor_handle import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
-from .gpus import GpuSpec
+from .handle import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
 from .layout import ALONE, LANE, ExecutorLayout, alone_key
 from .room import ExecutorRoom
-from .settings import WorkerSettings
 from .work import Work
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class ExecutorPool:
         return sum(1 for p in self._procs.values() if p.alive)
 
     def key_of(self, lease: Lease, kind: str) -> ExecKey:
-        """The executor a lease's chunks of work `kind` run in (see worker/layout.py)."""
+        """The executor a lease's chunks of work `kind` run in (see worker/executors/layout.py)."""
         return self.layout.key_of(lease, kind)
 
     def warm(self, key: ExecKey) -> None:
@@ -382,7 +382,7 @@ class ExecutorPool:
             ended = exe.leases - leases
             exe.leases -= ended
             # A GPU executor keeps a stream and a capped pool per lease until told
-            # (executor_work.py).
+            # (executor/work_runner.py).
             if ended and exe.alive and not self.gpus[exe.key[0]].simulated:
                 exe.post({"op": "lease_ended", "leases": sorted(ended)})
         for key, exe in list(self._procs.items()):

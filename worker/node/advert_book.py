@@ -25,7 +25,7 @@ class AdvertBook:
     # waits, and reading every advert for it made 10,000 leases from 256 nodes (one process)
     # take 0.33-0.35 s instead of 0.29-0.32 s.
     _waiting: Counter[str] = attrs.field(factory=Counter, init=False)
-    # The kept adverts' recent service per tenant, summed (worker/served.py).
+    # The kept adverts' recent service per tenant, summed (worker/leases/served.py).
     _served: dict[str, float] = attrs.field(factory=dict, init=False)
     # No advert kept was heard before this (monotonic): none can be stale until TTL after it.
     _oldest: float = attrs.field(default=float("inf"), init=False)

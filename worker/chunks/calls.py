@@ -37,9 +37,9 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.subjects import Subjects
 
-from .executor_handle import SaveCheckpoint
-from .metrics import WorkerMetrics
-from .slot import ChunkRunner
+from ..executors.handle import SaveCheckpoint
+from ..node.metrics import WorkerMetrics
+from .runner import ChunkRunner
 from .work import refusal
 
 log = logging.getLogger(__name__)

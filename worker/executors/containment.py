@@ -28,6 +28,8 @@ from pathlib import Path
 
 import attrs
 
+from ..node.uids import DEFAULT_UIDS, UidRange
+
 log = logging.getLogger(__name__)
 
 CONTAINED = "uid-per-tenant"
@@ -40,43 +42,13 @@ _THREAD_COUNTS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # Capability bits (linux/capability.h) a non-root worker needs to start executors as others.
 _CAP_CHOWN, _CAP_SETGID, _CAP_SETUID = 0, 6, 7
 # Packages an executor imports: its code must not be writable by tenants.
-_PACKAGES = ("vramfabric", "vramfabric.broker", "vramfabric.worker", "vramfabric.kernels")
-
-
-@attrs.frozen
-class UidRange:
-    """Uids `first..last` (inclusive) that executors may run as."""
-
-    first: int = attrs.field(validator=attrs.validators.gt(0))
-    last: int = attrs.field(validator=attrs.validators.lt(2**32 - 1))
-
-    def __attrs_post_init__(self) -> None:
-        if self.last < self.first:
-            raise ValueError(f"uid range {self.first}-{self.last} is empty")
-
-    @property
-    def size(self) -> int:
-        """How many uids the range holds."""
-        return self.last - self.first + 1
-
-    def __str__(self) -> str:
-        return f"{self.first}-{self.last}"
-
-    @classmethod
-    def parse(cls, text: str) -> UidRange:
-        """Parse `FIRST-LAST`, e.g. `20000-20999`; ValueError saying what is wrong."""
-        first, sep, last = text.strip().partition("-")
-        if not sep or not first.strip().isdigit() or not last.strip().isdigit():
-            raise ValueError(f"{text!r} is not a uid range FIRST-LAST such as 20000-20999")
-        try:
-            return cls(int(first), int(last))
-        except ValueError as exc:
-            raise ValueError(f"{text!r}: {exc} (uids 1 to 4294967294, FIRST <= LAST)") from None
-
-
-# Root's default: above useradd's UID_MAX (60000) and systemd-homed's 60001-60513, below
-# systemd's DynamicUser 61184-65519, and under 65536 so containers mapping 64Ki uids work.
-DEFAULT_UIDS = UidRange(60600, 61183)
+_PACKAGES = (
+    "vramfabric",
+    "vramfabric.broker",
+    "vramfabric.worker",
+    "vramfabric.worker.executor",
+    "vramfabric.kernels",
+)
 
 
 def uid_for(tenant: str, uids: UidRange, taken: Callable[[int], bool]) -> int | None:

@@ -31,12 +31,12 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .chunk import ChunkHandler
+from ..leases.ledger import SliceLedger
+from ..node.metrics import WorkerMetrics
+from ..node.settings import WorkerSettings
+from .handler import ChunkHandler
 from .keepalive import quiet
-from .ledger import SliceLedger
-from .metrics import WorkerMetrics
-from .settings import WorkerSettings
-from .slot import ChunkRunner
+from .runner import ChunkRunner
 
 log = logging.getLogger(__name__)
 

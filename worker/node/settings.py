@@ -12,7 +12,7 @@ import attrs
 from vramfabric.broker.settings import env_flag, env_float, env_int, env_size
 from vramfabric.broker.subjects import token
 
-from .containment import UidRange
+from .uids import UidRange
 
 ISOLATIONS = ("thread", "process")
 
@@ -39,9 +39,10 @@ class WorkerSettings:
     `chunk_timeout_s` is the deadline of a chunk whose job sets none.
     Outputs over `inline_output_bytes` travel through the tenant's outputs object store.
     A node runs at most `max_executors_per_gpu` executor processes on one GPU and
-    `max_executors` in all (worker/pool.py).
-    `executor_uids` are the uids tenants' executors run as, one per tenant (worker/containment.py);
-    None: root uses the default range, any other user runs them as itself.
+    `max_executors` in all (worker/executors/pool.py).
+    `executor_uids` are the uids tenants' executors run as, one per tenant
+    (worker/executors/containment.py); None: root uses the default range, any other user runs
+    them as itself.
     """
 
     node: str = attrs.field(factory=default_node_name, validator=lambda _i, _a, v: token(v, "node"))
@@ -56,11 +57,11 @@ class WorkerSettings:
     isolation: str = attrs.field(default="thread", validator=attrs.validators.in_(ISOLATIONS))
     allow_code: bool = False
     # DANGEROUS: run tenants' code as this worker's own uid when they cannot get uids of their
-    # own (worker/containment.py); without it such a worker refuses tenants' code.
+    # own (worker/executors/containment.py); without it such a worker refuses tenants' code.
     allow_shared_uid: bool = False
     chunk_timeout_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))
     # An executor no lease needs is stopped after this long idle; None: by the GPU's kind
-    # (worker/pool.py: 30 s on a real GPU, 600 s on a simulated one).
+    # (worker/executors/pool.py: 30 s on a real GPU, 600 s on a simulated one).
     executor_idle_s: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(0))
     )
@@ -73,12 +74,12 @@ class WorkerSettings:
     # A tenant this node could not serve in full counts as waiting for this long.
     waiting_ttl_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     # Under contention, a tenant above its share by less than a slice keeps a slice this long
-    # before its turn passes to a waiting tenant (worker/fairness.py).
+    # before its turn passes to a waiting tenant (worker/leases/fairness.py).
     turn_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
     # A `fabric.gpu()` block's lease whose slot ran no call for this long is taken back (its
     # next call leases again); 0 never takes one back.
     gpu_idle_s: float = attrs.field(default=GPU_IDLE_S, validator=attrs.validators.ge(0))
-    # Recent service, which orders waiting tenants, halves in this time (worker/served.py).
+    # Recent service, which orders waiting tenants, halves in this time (worker/leases/served.py).
     service_halflife_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
     # Lease requests of one tenant queued or in service on a node; more are refused as busy.
     lease_queue: int = attrs.field(default=64, validator=attrs.validators.ge(1))
@@ -91,7 +92,7 @@ class WorkerSettings:
     max_executors_per_gpu: int = attrs.field(default=8, validator=attrs.validators.ge(2))
     max_executors: int = attrs.field(default=32, validator=attrs.validators.ge(2))
     # Start executors ahead of chunks: a spare per GPU while idle, and a lease's when it is
-    # granted (worker/pool.py). Nodes simulated side by side in one process
+    # granted (worker/executors/pool.py). Nodes simulated side by side in one process
     # (worker/colocated.py) start one only when a chunk needs it.
     eager_executors: bool = True
     # Executor processes starting at once: each takes about 0.3 s of CPU to import, so more

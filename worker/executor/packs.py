@@ -1,7 +1,7 @@
 """A pack's chunks inside an executor: run one after another, each with its own outcome.
 
-The work is resolved once for the whole pack (executor_work.py, `WorkRunner.bind`); each
-chunk gets its own context and its own outcome (worker/ipc.py, `Outcome`). A failed chunk's
+The work is resolved once for the whole pack (work_runner.py, `WorkRunner.bind`); each
+chunk gets its own context and its own outcome (worker/executor/ipc.py, `Outcome`). A failed chunk's
 outcome carries what the pack printed since the previous failure in it (or its start):
 marking each chunk's start would cost a tiny chunk more than its own work.
 """
@@ -15,10 +15,10 @@ from vramfabric.kernels.code import Context
 
 from . import ipc
 from .captured import TAIL_BYTES, Captured
-from .executor_work import Failure, WorkRunner, full_traceback, is_cuda_error, summary
+from .work_runner import Failure, WorkRunner, full_traceback, is_cuda_error, summary
 
 # What a pack's failed chunks keep of what they printed, shared (each keeps at least the min):
-# the pack's result keeps less still (worker/pack_slot.py).
+# the pack's result keeps less still (worker/chunks/pack_runner.py).
 PACK_TAIL_BYTES, PACK_TAIL_MIN_BYTES = 2**20, 4 * 2**10
 
 

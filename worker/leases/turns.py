@@ -3,7 +3,7 @@
 When tenants outnumber slices, a share is less than a slice: rounded down it would be
 nothing, and no one would be served. Instead a tenant below its share may take one slice
 when it is its turn: no waiting tenant below its own share stands before it. Tenants stand
-in order of VRAM held, then of recent service (worker/served.py), both over their weight,
+in order of VRAM held, then of recent service (worker/leases/served.py), both over their weight,
 then by name; so a freed slice goes to the waiting tenant that holds least and was served
 least lately. Every node orders tenants from the same adverts, so the fleet agrees (up to
 an advert's lag). Pure functions.
