@@ -1,4 +1,4 @@
-"""broker/errors.py: the transient/permanent tree, ErrorKind per class, and from_nats."""
+"""broker/errors/: the transient/permanent tree, ErrorKind per class, and from_nats."""
 
 from __future__ import annotations
 
@@ -158,7 +158,6 @@ def test_transient_family(cls: type) -> None:
         e.InvalidMessage,
         e.KernelNotFound,
         e.KernelLoadFailed,
-        e.KernelLaunchFailed,
         e.SliceVramExceeded,
         e.ServerError,
     ],
@@ -170,7 +169,7 @@ def test_permanent_family(cls: type) -> None:
 
 @pytest.mark.parametrize(
     "cls",
-    [e.ResultAlreadyRecorded, e.RetriesExhausted, e.CapacityExceeded, e.JobFailed, e.JobTimeout],
+    [e.ResultAlreadyRecorded, e.CapacityExceeded, e.JobFailed, e.JobTimeout],
 )
 def test_outcomes_that_are_neither_retried_nor_failed_at_once(cls: type) -> None:
     assert issubclass(cls, e.VramfabricError)
@@ -189,9 +188,7 @@ def test_outcomes_that_are_neither_retried_nor_failed_at_once(cls: type) -> None
         (e.InvalidMessage, ErrorKind.INVALID_MESSAGE),
         (e.KernelNotFound, ErrorKind.KERNEL_NOT_FOUND),
         (e.KernelLoadFailed, ErrorKind.LOAD_FAILED),
-        (e.KernelLaunchFailed, ErrorKind.LAUNCH_FAILED),
         (e.SliceVramExceeded, ErrorKind.VRAM_EXCEEDED),
-        (e.RetriesExhausted, ErrorKind.EXHAUSTED),
         (e.ResultAlreadyRecorded, ErrorKind.ERROR),
         (e.ServerError, ErrorKind.ERROR),
         (e.ResultRefused, ErrorKind.RESULT_REFUSED),
