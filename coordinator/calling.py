@@ -39,7 +39,7 @@ from vramfabric.broker.objects import read_written_object
 from .work import JobWork, upload
 
 if TYPE_CHECKING:
-    from .fabric import Fabric
+    from .runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,12 @@ class Printer:
         """Whether a call of this block is running."""
         return self._current is not None
 
-    async def start(self, fabric: Fabric, on_output: OnOutput) -> None:
+    async def start(self, runner: Runner, on_output: OnOutput) -> None:
         """Hand what the next call prints to `on_output` (subscribing on the first call)."""
         if self._sub is None:
-            subject = fabric.broker.subjects.call_printed(fabric.settings.tenant, self.token)
+            subject = runner.broker.subjects.call_printed(runner.tenant, self.token)
             with nats_errors():
-                self._sub = await fabric.conn.nc.subscribe(subject, cb=self._echo)
+                self._sub = await runner.conn.nc.subscribe(subject, cb=self._echo)
         self._current = on_output
 
     async def _echo(self, msg: Msg) -> None:
@@ -113,7 +113,7 @@ class Printer:
 
 
 async def send_call(
-    fabric: Fabric,
+    runner: Runner,
     node: str,
     req: CallRequest,
     wait_s: float,
@@ -129,23 +129,23 @@ async def send_call(
     """
     if printer.busy:
         raise ChunkFailed(ErrorKind.ERROR, "the slice runs another call; calls take turns")
-    await printer.start(fabric, on_output)
+    await printer.start(runner, on_output)
     try:
-        msg = await _request(fabric, node, req, wait_s)
+        msg = await _request(runner, node, req, wait_s)
         await printer.drain()
     finally:
         printer.stop()
     reply = decode(CallReply, msg.data)
     if reply.ok and reply.output_ref:
-        output = await _take_stored(fabric, reply.output_ref)
+        output = await _take_stored(runner, reply.output_ref)
         reply = CallReply(ok=True, output=output, node=reply.node, elapsed_s=reply.elapsed_s)
     return reply
 
 
-async def _request(fabric: Fabric, node: str, req: CallRequest, wait_s: float) -> Msg:
-    subject = fabric.broker.subjects.call(fabric.settings.tenant, node)
+async def _request(runner: Runner, node: str, req: CallRequest, wait_s: float) -> Msg:
+    subject = runner.broker.subjects.call(runner.tenant, node)
     try:
-        return await fabric.conn.nc.request(subject, encode(req), timeout=wait_s)
+        return await runner.conn.nc.request(subject, encode(req), timeout=wait_s)
     except nats.errors.NoRespondersError:
         raise LeaseExpired(req.lease_id) from None
     except (nats.errors.Error, TimeoutError) as exc:
@@ -159,19 +159,19 @@ async def _unsubscribe(sub: Subscription) -> None:
         log.debug("printed subject not unsubscribed error=%s", exc)
 
 
-async def _take_stored(fabric: Fabric, name: str) -> bytes:
+async def _take_stored(runner: Runner, name: str) -> bytes:
     """An outcome from the tenant's outputs store, deleted once read.
 
     Raises:
         InvalidMessage: no such object (deleted, or never stored).
     """
-    broker, tenant = fabric.broker, fabric.settings.tenant
+    broker, tenant = runner.broker, runner.tenant
     bucket = broker.subjects.outputs_store(tenant)
-    data = await read_written_object(fabric.conn.js, broker.call_retry, bucket, name)
+    data = await read_written_object(runner.conn.js, broker.call_retry, bucket, name)
     if data is None:
         raise InvalidMessage("call outcome", f"no object {name} in {bucket}")
     try:
-        store = await buckets.outputs_store(fabric.conn.js, broker, tenant)
+        store = await buckets.outputs_store(runner.conn.js, broker, tenant)
         with nats_errors():
             await store.delete(name)
     except VramfabricError as exc:  # recorded: logged (the object stays in the store)
@@ -179,16 +179,16 @@ async def _take_stored(fabric: Fabric, name: str) -> bytes:
     return data
 
 
-async def upload_work(fabric: Fabric, work: JobWork) -> bool:
+async def upload_work(runner: Runner, work: JobWork) -> bool:
     """Put `work` in the tenant's kernels store unless it is there; True if it was put."""
-    store = await buckets.kernels_store(fabric.conn.js, fabric.broker, fabric.settings.tenant)
+    store = await buckets.kernels_store(runner.conn.js, runner.broker, runner.tenant)
     return await upload(store, work)
 
 
-async def forget_work(fabric: Fabric, work: JobWork) -> None:
+async def forget_work(runner: Runner, work: JobWork) -> None:
     """Delete `work` from the tenant's kernels store (best effort: `vramfabric gc` would)."""
     try:
-        store = await buckets.kernels_store(fabric.conn.js, fabric.broker, fabric.settings.tenant)
+        store = await buckets.kernels_store(runner.conn.js, runner.broker, runner.tenant)
         with nats_errors():
             await store.delete(work.digest)
     except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs

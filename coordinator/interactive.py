@@ -53,7 +53,7 @@ from .remote import apply, call_input, outcome
 from .work import JobWork, job_work
 
 if TYPE_CHECKING:
-    from .fabric import Fabric
+    from .runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def to_stderr(line: str) -> None:
 class GpuSession:
     """A leased slice for interactive calls; `run` sends one call to its node."""
 
-    fabric: Fabric
+    runner: Runner
     pool: LeasePool
     work: JobWork
     # How long a lease waits for a free slice (None: until one is free, or Ctrl-C).
@@ -139,12 +139,12 @@ class GpuSession:
         here (and deleted after, if this call put it there): work that carries large data
         of its own, such as a notebook run's folder.
         """
-        uploaded = await upload_work(self.fabric, work)
+        uploaded = await upload_work(self.runner, work)
         try:
             return await self._send(work, payload, work.name, timeout_s, on_output)
         finally:
             if uploaded:
-                await asyncio.shield(forget_work(self.fabric, work))
+                await asyncio.shield(forget_work(self.runner, work))
 
     async def _send(
         self,
@@ -186,7 +186,7 @@ class GpuSession:
             printed_to=self.printer.token,
         )
         wait_s = deadline_s + _REPLY_MARGIN_S
-        reply = await send_call(self.fabric, lease.node, req, wait_s, self.printer, on_output)
+        reply = await send_call(self.runner, lease.node, req, wait_s, self.printer, on_output)
         return lease, reply
 
     async def _held(self) -> Lease:
@@ -208,11 +208,11 @@ class GpuSession:
             SliceTooLarge: no GPU of those workers is as large as the slice.
             CapacityExceeded: no slice was free within `wait_s`.
         """
-        runs = [a for a in self.fabric.fleet.adverts.values() if self.work.runs_on(a)]
+        runs = [a for a in self.runner.fleet.adverts.values() if self.work.runs_on(a)]
         if not runs:
             raise CodeRefused(
                 f"no live worker runs Python functions on Python {self.work.python} "
-                f"(of {len(self.fabric.fleet.adverts)} live: start workers with --allow-code)"
+                f"(of {len(self.runner.fleet.adverts)} live: start workers with --allow-code)"
             )
         self._check_fits(runs)
         t0 = time.monotonic()
@@ -227,7 +227,7 @@ class GpuSession:
                     self.say(f"\r{line}")
                     shown = line
                 step = _ASK_EVERY_S if left is None else min(left, _ASK_EVERY_S)
-                await self.fabric.fleet.wait_changed(timeout_s=step)
+                await self.runner.fleet.wait_changed(timeout_s=step)
         finally:
             if shown:
                 waited_s = time.monotonic() - t0
@@ -282,19 +282,20 @@ def _error_of(reply: CallReply, lease: Lease, timeout_s: float) -> Exception:
 
 @asynccontextmanager
 async def gpu_session(
-    fabric: Fabric,
+    runner: Runner,
     vram: int | str | None = None,
     wait_s: float | None = None,
     say: Callable[[str], None] = to_stderr,
 ) -> AsyncIterator[GpuSession]:
     """Lease one slice of `vram` (bytes or "2GiB"; default the slice size) for the block."""
-    slice_bytes = fabric.settings.slice_bytes if vram is None else _size(vram)
+    slice_bytes = runner.settings.slice_bytes if vram is None else _size(vram)
     if wait_s is not None and wait_s < 0:
         raise ValueError(f"wait_s must be 0 or more (None: until a slice is free), got {wait_s}")
-    work = await fabric.call_work()
-    name = fabric.broker.subjects.interactive_job(uuid.uuid4().hex[:12])
-    pool = fabric.lease_set(name, work.runs_on, slice_bytes)
-    session = GpuSession(fabric, pool, work, wait_s, say)
+    work = call_work()
+    await runner.ship(work)
+    name = runner.broker.subjects.interactive_job(uuid.uuid4().hex[:12])
+    pool = runner.lease_set(name, work.runs_on, slice_bytes)
+    session = GpuSession(runner, pool, work, wait_s, say)
     try:
         await session.acquire()
         log.info("gpu block leased node=%s lease=%s", session.node, name)

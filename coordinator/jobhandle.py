@@ -39,7 +39,7 @@ from .record import read_record
 from .results import ResultsConsumer
 
 if TYPE_CHECKING:
-    from .fabric import Fabric
+    from .runner import Runner
 
 # Output dtype of a job's aggregator given without one, by kind of work (a CUDA kernel's
 # own dtype is in its job file, or must be given with the aggregator).
@@ -70,15 +70,15 @@ class JobStatus:
 
 @attrs.define
 class JobHandle:
-    """A job of the fabric's tenant, by id."""
+    """A job of the runner's tenant, by id."""
 
-    fabric: Fabric
+    runner: Runner
     job_id: str
 
     @property
     def _where(self) -> tuple[Connection, BrokerSettings, str]:
-        f = self.fabric
-        return f.conn, f.broker, f.settings.tenant
+        r = self.runner
+        return r.conn, r.broker, r.tenant
 
     async def status(self) -> JobStatus:
         """The job's state, chunks done, driver and origin.
@@ -165,9 +165,9 @@ class JobHandle:
             broker,
             spec,
             aggregator,
-            metrics=self.fabric.metrics,
+            metrics=self.runner.metrics,
             total=total,
-            stall_s=self.fabric.settings.follow_stall_s,
+            stall_s=self.runner.settings.follow_stall_s,
         )
         await results.start()
         try:
@@ -217,10 +217,10 @@ class JobHandle:
         self, spec: JobSpec, jobfile: JobFile, aggregator: Aggregator, deadline: float | None
     ) -> JobResult:
         """Drive the job here, from its job file: what has results is read back."""
-        fabric = self.fabric
+        runner = self.runner
         # The spec's ack wait is the settings' of the process that started it: resume
         # with it, or the same job file would make another job id (and another consumer).
-        settings = attrs.evolve(fabric.settings, ack_wait_s=spec.ack_wait_s)
+        settings = attrs.evolve(runner.settings, ack_wait_s=spec.ack_wait_s)
         job = jobfile.job
         if job.spec(settings) != spec:
             raise ValueError(
@@ -228,14 +228,9 @@ class JobHandle:
                 "args or settings changed since it started): run it as a new job"
             )
         left = None if deadline is None else max(0.001, deadline - time.monotonic())
-        if settings == fabric.settings:
-            return await fabric.run(job, aggregator, slices=jobfile.slices, timeout_s=left)
-        twin = type(fabric)(fabric.broker, settings, fabric.conn, metrics=fabric.metrics)
-        await twin.start()
-        try:
-            return await twin.run(job, aggregator, slices=jobfile.slices, timeout_s=left)
-        finally:
-            await twin.close()
+        if settings != runner.settings:
+            runner = runner.with_settings(settings)
+        return await runner.run(job, aggregator, slices=jobfile.slices, timeout_s=left)
 
 
 def _wait_s(deadline: float | None) -> float:

@@ -29,7 +29,7 @@ from .jobs import Job
 from .lifecycle import remove
 
 if TYPE_CHECKING:
-    from .fabric import Fabric
+    from .runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class _Handover:
 
 
 async def map_results(
-    fabric: Fabric,
+    runner: Runner,
     fn: Callable[[Any], Any],
     items: Iterable[Any],
     *,
@@ -76,10 +76,10 @@ async def map_results(
     handover = _Handover(queue)
     # A fresh id: two equal maps at once must not share (or resume) one job.
     job = Job(fn, items, job_id=uuid.uuid4().hex[:16])
-    spec = await fabric.prepare(job, handover)
+    spec = await runner.prepare(job, handover)
     slice_bytes = parse_size(vram) if isinstance(vram, str) else vram
-    pool = fabric.lease_set(spec.job_id, job.work.runs_on, slice_bytes)
-    run = fabric.new_run(job, spec, handover, pool)
+    pool = runner.lease_set(spec.job_id, job.work.runs_on, slice_bytes)
+    run = runner.new_run(job, spec, handover, pool)
     run.results.on_failed = handover.failed
     # A chunk's place in the submission window is freed when the caller takes its result,
     # not when it arrives: a caller that stops reading stops the submission, and the queue
@@ -88,13 +88,13 @@ async def map_results(
     drive: asyncio.Future[Any] | None = None
     try:
         done, _ = await run.start()
-        drive = asyncio.ensure_future(fabric.drive(run, done, set(), slices, 0, timeout_s))
+        drive = asyncio.ensure_future(runner.drive(run, done, set(), slices, 0, timeout_s))
         drive.add_done_callback(lambda _t: queue.put_nowait(None))
         async for value in _values(queue, ordered, run.window.finished):
             yield value
         await drive  # raises what ended the run (a timeout, the aggregator's error)
     finally:
-        await _stop(fabric, run, drive)
+        await _stop(runner, run, drive)
 
 
 async def _values(
@@ -123,7 +123,7 @@ def _value(index: int, outcome: bytes | ChunkResult) -> Any:
     raise ChunkFailed(kind, f"item {index}: {outcome.error}")
 
 
-async def _stop(fabric: Fabric, run: JobRun, drive: asyncio.Future[Any] | None) -> None:
+async def _stop(runner: Runner, run: JobRun, drive: asyncio.Future[Any] | None) -> None:
     """End the run if it still runs (its leases released), then remove the map's job.
 
     Without `drive` the run never started (JobRun.start cleaned up after itself).
@@ -132,8 +132,6 @@ async def _stop(fabric: Fabric, run: JobRun, drive: asyncio.Future[Any] | None) 
         drive.cancel()
         await asyncio.gather(drive, return_exceptions=True)
     try:
-        await asyncio.shield(
-            remove(fabric.conn, fabric.broker, fabric.settings.tenant, run.spec.job_id)
-        )
+        await asyncio.shield(remove(runner.conn, runner.broker, runner.tenant, run.spec.job_id))
     except VramfabricError as exc:  # recorded: what is left is swept with old jobs
         log.warning("map job not removed job=%s error=%s", run.spec.job_id, exc)

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker.errors import SliceTooLarge
+from vramfabric.coordinator import Fabric
 from vramfabric.coordinator.interactive import gpu_session
 
 
@@ -28,7 +29,7 @@ async def test_an_idle_blocks_slice_is_taken_back_and_its_next_call_leases_again
     agent = await agent_factory("n1", simulate="1x2GiB", allow_code=True, gpu_idle_s=1.0)
     fabric = await fabric_factory(lease_ttl_s=60.0)
     lines: list[str] = []
-    async with gpu_session(fabric, say=lines.append) as gpu:
+    async with gpu_session(fabric._runner, say=lines.append) as gpu:
         assert await gpu.run(double, 1) == 2
         first = gpu.lease
         assert first is not None
@@ -73,8 +74,8 @@ async def test_waiting_blocks_show_how_many_stand_ahead_and_are_served_in_turn(
     order: list[str] = []
     release_b = asyncio.Event()
 
-    async def student(fabric: object, name: str, lines: list[str]) -> None:
-        async with gpu_session(fabric, say=lines.append) as gpu:  # type: ignore[arg-type]
+    async def student(fabric: Fabric, name: str, lines: list[str]) -> None:
+        async with gpu_session(fabric._runner, say=lines.append) as gpu:
             order.append(name)
             assert await gpu.run(double, 3) == 6
             if name == "b":

@@ -370,7 +370,7 @@ async def test_function_runs_only_where_code_is_allowed(
     from tests.integration.test_chunks import prepare_job
     from vramfabric.coordinator.work import upload
 
-    await upload(fabric._kernels, job.work)
+    await upload(fabric._runner.kernels, job.work)
     job_id = await prepare_job(conn, broker, job, "plain", leases=1)
     from vramfabric.broker import Chunk
 

@@ -32,7 +32,7 @@ async def test_a_tenant_calls_its_own_slice_and_nobody_else_can(
         pid = await gpu.run(whoami)
         assert pid != os.getpid()  # it ran in an executor process, not here
         lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
-        work = await alice.call_work()
+        work = gpu.work
         ask = CallRequest(
             lease.lease_id, "whoami", work.digest, python_version(), encode_input(None), 10.0
         )
