@@ -23,8 +23,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from .connection import GuardedClient
 from .errors import from_nats
+from .guarded import GuardedClient
 
 log = logging.getLogger(__name__)
 

@@ -1,143 +1,30 @@
 """connect(settings) -> Connection: one NATS client and its JetStream context, with logging.
 
-The server reports a permission violation only asynchronously (nats-py hands it to the
-error callback, and the call that caused it would just time out). `GuardedClient` ties
-each violation back to the request or subscribe on that subject, which then raises
-PermissionDenied at once.
+The client is a GuardedClient (guarded.py): a call the server refuses for this user raises
+PermissionDenied at once. A first connect that fails says why in one error: refused
+credentials, TLS, nothing listening, an unknown host, or something that is not NATS.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import nats.errors
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from . import tls
 from .errors import Disconnected, PermanentError, PermissionDenied, TransientError, from_nats
+from .guarded import GuardedClient
 from .probe import not_nats
 from .settings import BrokerSettings
 from .subjects import JS_API, Subjects
 
 log = logging.getLogger(__name__)
-
-# nats-py lower-cases the server's message, subject included.
-_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
-
-
-class GuardedClient(Client):
-    """A nats-py Client whose requests and subscribes raise PermissionDenied promptly.
-
-    Each request and subscribe registers its subject while it waits; a violation the
-    server reports for that subject fails the call. A subscribe waits one round trip (a
-    flush) for the server's verdict when `guard` is on (an authenticated connection).
-    """
-
-    def __init__(self, guard: bool, flush_timeout_s: float, require_tls: bool = False) -> None:
-        super().__init__()
-        self.guard = guard
-        self._flush_timeout_s = flush_timeout_s
-        self._require_tls = require_tls
-        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
-
-    def _connect_command(self) -> bytes:
-        """nats-py's CONNECT line, refused to a server that must speak TLS but did not ask.
-
-        nats-py upgrades only when the server asks, even for a tls:// URL, so a server (or a
-        machine in the middle) that does not would get the credentials in clear. CONNECT is
-        built after the upgrade, on every (re)connect: refusing here sends nothing.
-        """
-        if self._require_tls and not self._server_info.get("tls_required"):
-            raise nats.errors.Error(f"nats: {tls.NOT_OFFERED}")
-        return super()._connect_command()
-
-    def violation(self, message: str) -> bool:
-        """Fail the calls waiting on the subject a violation names; True if any was."""
-        match = _VIOLATION.search(message)
-        if match is None:
-            return False
-        op, subject = match.groups()
-        failed = False
-        for waiter in self._waiting.pop(subject, ()):
-            if not waiter.done():
-                waiter.set_exception(
-                    PermissionDenied(f"the server refused {op} to {subject!r} for this user")
-                )
-                failed = True
-        return failed
-
-    @contextlib.contextmanager
-    def watch(self, subject: str) -> Iterator[asyncio.Future[None]]:
-        """A future that fails with PermissionDenied if the server refuses `subject` meanwhile."""
-        key = subject.lower()
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(key, set()).add(waiter)
-        try:
-            yield waiter
-        finally:
-            waiters = self._waiting.get(key)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiting[key]
-            if waiter.done() and not waiter.cancelled():
-                waiter.exception()  # retrieved: no "never retrieved" warning
-            waiter.cancel()
-
-    async def request(
-        self,
-        subject: str,
-        payload: bytes = b"",
-        timeout: float = 0.5,
-        old_style: bool = False,
-        headers: dict[str, Any] | None = None,
-    ) -> Any:
-        """Client.request, failing with PermissionDenied as soon as the server refuses it."""
-        if not self.guard:
-            return await super().request(subject, payload, timeout, old_style, headers)
-        with self.watch(subject) as denied:
-            call = asyncio.ensure_future(
-                super().request(subject, payload, timeout, old_style, headers)
-            )
-            try:
-                await asyncio.wait((call, denied), return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
-            if call.done():
-                return call.result()
-            call.cancel()
-            # Waited for, not awaited: its CancelledError is not this caller's cancellation.
-            await asyncio.wait({call})
-            raise cast(PermissionDenied, denied.exception())
-
-    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Subscription:
-        """Client.subscribe; on a guarded connection, PermissionDenied if the server refuses."""
-        if not self.guard:
-            return await super().subscribe(subject, *args, **kwargs)
-        with self.watch(subject) as denied:
-            sub = await super().subscribe(subject, *args, **kwargs)
-            try:
-                # nats-py writes a PING straight to the socket, ahead of commands still
-                # buffered: write the SUB out first, so the server's verdict on it comes
-                # before the PONG.
-                await self._flush_pending(force_flush=True)
-                await self.flush(self._flush_timeout_s)  # type: ignore[arg-type]
-            except nats.errors.Error as exc:
-                log.debug("subscribe flush failed subject=%s error=%s", subject, exc)
-            if denied.done():
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
-                raise cast(PermissionDenied, denied.exception())
-        return sub
 
 
 @attrs.define
@@ -188,37 +75,74 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
 
     Raises:
         Disconnected: no server answered within the connect timeout.
+        PermissionDenied: the server refused our credentials.
+        PermanentError: TLS was refused (a handshake, a CA, a server that does not ask).
     """
-    errors: list[str] = []
-    connected = asyncio.Event()  # set once the first connect succeeds
+    events = _Events(name)
+    options = _options(settings, name, events)
+    tls.quiet_closing_noise()  # any server may ask for TLS, even for a nats:// URL
+    nc = events.nc = GuardedClient(
+        settings.authenticated, settings.request_timeout_s, settings.tls_required
+    )
+    try:
+        # The first connect retries until the deadline, then fails rather than hang forever.
+        await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
+    except Exception as exc:  # re-raised, as what the failure was (refused, unreachable, bug)
+        await nc.close()
+        err = await _first_connect_error(settings, exc, nc, events.errors)
+        if err is exc:
+            raise  # not a NATS failure (a bug): surface it unchanged
+        raise err from exc
+    events.connected = True
+    js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
+    return Connection(
+        nc=nc, js=js, settings=settings, errors=events.errors, on_reconnect=events.listeners
+    )
 
-    async def on_error(exc: Exception) -> None:
-        # Permission violations arrive only here; the guard hands them to the waiting call.
+
+@attrs.define
+class _Events:
+    """nats-py's callbacks for one connection: errors kept and logged, reconnects announced."""
+
+    name: str
+    errors: list[str] = attrs.field(factory=list)
+    # Called after every reconnect (Connection.on_reconnect).
+    listeners: list[Callable[[], None]] = attrs.field(factory=list)
+    connected: bool = False  # set once the first connect succeeds
+    nc: GuardedClient | None = None
+
+    async def on_error(self, exc: Exception) -> None:
+        """Hand a permission violation to the call waiting on it; keep and log the rest."""
         msg = f"{type(exc).__name__}: {exc}"
-        if nc.violation(str(exc)):
+        if self.nc is not None and self.nc.violation(str(exc)):
             # Raised from the call that caused it, which decides how bad it is.
-            log.debug("permission violation name=%s error=%s", name, msg)
+            log.debug("permission violation name=%s error=%s", self.name, msg)
             return
-        if len(errors) < 1000:
-            errors.append(msg)
-        # Before the first connect succeeds, its failure (raised below) says what went wrong.
+        if len(self.errors) < 1000:
+            self.errors.append(msg)
+        # Before the first connect succeeds, its failure (raised by connect) says what went
+        # wrong.
         log.log(
-            logging.WARNING if connected.is_set() else logging.DEBUG,
+            logging.WARNING if self.connected else logging.DEBUG,
             "nats error name=%s error=%s",
-            name,
+            self.name,
             msg,
         )
 
-    async def on_disconnect() -> None:
-        log.info("nats disconnected name=%s", name)
+    async def on_disconnect(self) -> None:
+        """Log the disconnect (nats-py reconnects by itself)."""
+        log.info("nats disconnected name=%s", self.name)
 
-    listeners: list[Callable[[], None]] = []
-
-    async def on_reconnect() -> None:
-        log.info("nats reconnected name=%s url=%s", name, nc.connected_url)
-        for listener in list(listeners):
+    async def on_reconnect(self) -> None:
+        """Log the reconnect and call every listener."""
+        url = self.nc.connected_url if self.nc is not None else None
+        log.info("nats reconnected name=%s url=%s", self.name, url)
+        for listener in list(self.listeners):
             listener()
 
+
+def _options(settings: BrokerSettings, name: str, events: _Events) -> dict[str, Any]:
+    """nats-py's connect options: servers, reconnecting forever, callbacks, credentials, TLS."""
     options: dict[str, Any] = {
         "servers": settings.servers,
         "name": name,
@@ -227,32 +151,26 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
         "reconnect_time_wait": 0.25,
         "ping_interval": 10,
         "allow_reconnect": True,
-        "error_cb": on_error,
-        "disconnected_cb": on_disconnect,
-        "reconnected_cb": on_reconnect,
+        "error_cb": events.on_error,
+        "disconnected_cb": events.on_disconnect,
+        "reconnected_cb": events.on_reconnect,
     }
     options.update(_credentials(settings))
     # nats-py takes None as "not given": its own default context for a tls:// URL.
     options.update(tls=settings.tls, tls_hostname=settings.tls_hostname)
-    tls.quiet_closing_noise()  # any server may ask for TLS, even for a nats:// URL
-    nc = GuardedClient(settings.authenticated, settings.request_timeout_s, settings.tls_required)
-    try:
-        # The first connect retries until the deadline, then fails rather than hang forever.
-        await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
-    except Exception as exc:  # re-raised, as what the failure was (refused, unreachable, bug)
-        await nc.close()
-        if _refused(exc, nc):
-            who = settings.user or settings.creds_file or settings.nkey_seed_file
-            raise PermissionDenied(
-                f"NATS at {settings.url} refused the credentials of {who or 'an anonymous client'}"
-            ) from exc
-        err = await _connect_error(settings, exc, errors)
-        if err is exc:
-            raise  # not a NATS failure (a bug): surface it unchanged
-        raise err from exc
-    connected.set()
-    js = nc.jetstream(timeout=settings.request_timeout_s, publish_async_max_pending=1024)
-    return Connection(nc=nc, js=js, settings=settings, errors=errors, on_reconnect=listeners)
+    return options
+
+
+async def _first_connect_error(
+    settings: BrokerSettings, exc: Exception, nc: Client, errors: list[str]
+) -> BaseException:
+    """What a failed first connect raises: refused credentials, else `_connect_error`'s."""
+    if _refused(exc, nc):
+        who = settings.user or settings.creds_file or settings.nkey_seed_file
+        return PermissionDenied(
+            f"NATS at {settings.url} refused the credentials of {who or 'an anonymous client'}"
+        )
+    return await _connect_error(settings, exc, errors)
 
 
 def _refused(exc: BaseException, nc: Client) -> bool:
