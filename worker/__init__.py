@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vramfabric.broker.settings import parse_size
 
-    from .agent import Agent, discover
+    from .agent import Agent
     from .leases.ledger import SliceLedger
-    from .node.gpus import GpuSpec, parse_simulate
+    from .node.gpus import GpuSpec, discover, parse_simulate
     from .node.settings import WorkerSettings
 
 _WHERE = {
     "Agent": ".agent",
-    "discover": ".agent",
+    "discover": ".node.gpus",
     "GpuSpec": ".node.gpus",
     "parse_simulate": ".node.gpus",
     "SliceLedger": ".leases.ledger",

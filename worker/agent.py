@@ -7,14 +7,12 @@ that run the chunks (the agent itself never runs users' work).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 import attrs
-import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -22,44 +20,28 @@ from vramfabric.broker import buckets, tenants
 from vramfabric.broker.acked import AckedPublisher
 from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, PermissionDenied, VramfabricError, from_nats
-from vramfabric.broker.messages import JobSpec, Lease, NodeAdvert
-from vramfabric.broker.objects import read_written_object
+from vramfabric.broker.errors import InvalidMessage, VramfabricError
+from vramfabric.broker.messages import Lease, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
 from .adverts import Heartbeat, node_facts
 from .chunks.calls import CallService
-from .chunks.puller import JobPuller
+from .chunks.jobs import LeasedJobs
 from .chunks.runner import ChunkRunner
 from .chunks.store import ChunkStore
-from .chunks.work import WorkLoader
+from .chunks.work import WorkLoader, blob_reader
 from .executors.pool import ExecutorPool
 from .leases.fairness import FleetShare, ShareTiming
 from .leases.lease_service import LeaseService
 from .leases.ledger import SliceLedger
 from .leases.quota import open_book
 from .node.advert_book import AdvertBook
-from .node.gpus import GpuSpec, check_slice, discover_nvml, parse_simulate
+from .node.gpus import GpuSpec, discover
 from .node.metrics import WorkerMetrics
 from .node.policy import PolicyFile
 from .node.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-
-JobKey = tuple[str, str]  # (tenant, job)
-
-
-def discover(settings: WorkerSettings) -> tuple[GpuSpec, ...]:
-    """The node's GPUs: simulated when asked, else NVML.
-
-    Raises:
-        ValueError: there are none, or none that holds a slice.
-    """
-    gpus = parse_simulate(settings.simulate) if settings.simulate else discover_nvml()
-    if not gpus:
-        raise ValueError("no GPU found through NVML; run with --simulate COUNTxSIZE (e.g. 4x48GiB)")
-    check_slice(gpus, settings.slice_bytes)
-    return gpus
 
 
 @attrs.define
@@ -86,15 +68,13 @@ class Agent:
     _adverts_sub: Subscription | None = attrs.field(default=None, init=False)
     fair: FleetShare = attrs.field(init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
-    _pullers: dict[JobKey, JobPuller] = attrs.field(factory=dict, init=False)
-    _starting: set[JobKey] = attrs.field(factory=set, init=False)
+    _jobs: LeasedJobs = attrs.field(init=False)
     _stopping: bool = attrs.field(default=False, init=False)
-    _stopped: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __repr__(self) -> str:
         m = self.metrics
         return (
-            f"<Agent node={self.settings.node} leases={len(self.ledger)} jobs={len(self._pullers)}"
+            f"<Agent node={self.settings.node} leases={len(self.ledger)} jobs={len(self._jobs)}"
             f" submits={m.value('gpu_submit_total'):.0f}"
             f" errors={m.value('gpu_submit_errors_total'):.0f}>"
         )
@@ -117,68 +97,8 @@ class Agent:
                 "with no quota"
             )
         gpus = discover(self.settings)
-        self.ledger = SliceLedger(
-            self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
-        )
-        self.executors = ExecutorPool(self.settings, gpus)
-        self._policy = PolicyFile(self.settings.tenants_file)
-        policy = self._policy.load()
-        shared = self.adverts is not None
-        book = self.adverts if self.adverts is not None else AdvertBook(self.broker.node_ttl_s)
-        self.fair = FleetShare(self.ledger, policy, book, ShareTiming.of(self.settings))
-        js = self.conn.js
-        nodes_kv = await buckets.nodes_bucket(js, self.broker)
-        self._runner = ChunkRunner(
-            self.settings,
-            self.ledger,
-            self.executors,
-            WorkLoader(self._read_blob),
-            ChunkStore(self.conn, self.broker),
-            simulated=gpus[0].simulated,
-            policy=policy,
-        )
-        subjects = self.broker.subjects
-        self._heartbeat = Heartbeat(
-            self.conn,
-            subjects,
-            nodes_kv,
-            self.ledger,
-            self.metrics,
-            self.settings.heartbeat_s,
-            on_beat=self._on_beat,
-            facts=node_facts(self.settings, self.executors.containment.mode),
-            live_facts=lambda: self.fair.advert_facts(time.monotonic()),
-        )
-        self._service = service = LeaseService(
-            subjects,
-            self.settings.node,
-            self.ledger,
-            self.metrics,
-            self._on_change,
-            publish=self.conn.nc.publish,
-            fair=self.fair,
-            on_waiting=self._heartbeat.poke,
-            quota=await open_book(js, self.broker, self.ledger, policy),
-            queue_limit=self.settings.lease_queue,
-            gpu_idle_s=self.settings.gpu_idle_s,
-        )
-        # Every heartbeat takes back what others wait for, whatever the leases' TTL.
-        self._heartbeat.reclaim = service.reclaim
-        if not shared:
-            # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
-            self._adverts_sub = await self.conn.nc.subscribe(
-                subjects.advert_filter(), cb=self.hear_advert
-            )
-        self._acks = await AckedPublisher(self.conn.nc, self.broker.request_timeout_s).start()
-        self._sub = await self.conn.nc.subscribe(
-            subjects.lease_filter(self.settings.node), cb=service.handle
-        )
-        self._calls = CallService(subjects, self._runner, self.metrics, gpus[0].simulated)
-        self._calls_sub = await self.conn.nc.subscribe(
-            subjects.call_filter(self.settings.node), cb=self._calls.dispatch
-        )
-        # The server must know the subscription before the first advert tells anyone to ask.
-        await self.conn.nc.flush()
+        await self._make_parts(gpus)
+        await self._subscribe(gpus[0].simulated)
         # Never ready when its executors cannot start at all (ExecutorCrashed from the probe);
         # where the agent vouches for them they start meanwhile (a first chunk may wait).
         if probe:
@@ -195,6 +115,85 @@ class Agent:
             self.settings.isolation,
             self.ledger.advert(time.time()).free_slices(self.settings.slice_bytes),
         )
+
+    async def _make_parts(self, gpus: tuple[GpuSpec, ...]) -> None:
+        """Make the ledger, executors, fair share, chunk runner, heartbeat and lease service."""
+        self.ledger = SliceLedger(
+            self.settings.node, gpus, self.settings.slice_bytes, self.settings.max_ttl_s
+        )
+        self.executors = ExecutorPool(self.settings, gpus)
+        self._policy = PolicyFile(self.settings.tenants_file)
+        policy = self._policy.load()
+        book = self.adverts if self.adverts is not None else AdvertBook(self.broker.node_ttl_s)
+        self.fair = FleetShare(self.ledger, policy, book, ShareTiming.of(self.settings))
+        js = self.conn.js
+        nodes_kv = await buckets.nodes_bucket(js, self.broker)
+        self._runner = ChunkRunner(
+            self.settings,
+            self.ledger,
+            self.executors,
+            WorkLoader(blob_reader(self.conn, self.broker)),
+            ChunkStore(self.conn, self.broker),
+            simulated=gpus[0].simulated,
+            policy=policy,
+        )
+        self._heartbeat = Heartbeat(
+            self.conn,
+            self.broker.subjects,
+            nodes_kv,
+            self.ledger,
+            self.metrics,
+            self.settings.heartbeat_s,
+            on_beat=self._on_beat,
+            facts=node_facts(self.settings, self.executors.containment.mode),
+            live_facts=lambda: self.fair.advert_facts(time.monotonic()),
+        )
+        self._service = LeaseService(
+            self.broker.subjects,
+            self.settings.node,
+            self.ledger,
+            self.metrics,
+            self._on_change,
+            publish=self.conn.nc.publish,
+            fair=self.fair,
+            on_waiting=self._heartbeat.poke,
+            quota=await open_book(js, self.broker, self.ledger, policy),
+            queue_limit=self.settings.lease_queue,
+            gpu_idle_s=self.settings.gpu_idle_s,
+        )
+        # Every heartbeat takes back what others wait for, whatever the leases' TTL.
+        self._heartbeat.reclaim = self._service.reclaim
+
+    async def _subscribe(self, simulated: bool) -> None:
+        """Hear the fleet's adverts, lease requests and calls (the acks' publisher first)."""
+        subjects = self.broker.subjects
+        if self.adverts is None:
+            # Other nodes' adverts: the fleet-wide usage behind quotas and the fair share.
+            self._adverts_sub = await self.conn.nc.subscribe(
+                subjects.advert_filter(), cb=self.hear_advert
+            )
+        self._acks = await AckedPublisher(self.conn.nc, self.broker.request_timeout_s).start()
+        self._jobs = LeasedJobs(
+            self.conn,
+            self.broker,
+            self.settings,
+            self.ledger,
+            self.executors,
+            self._runner,
+            self.metrics,
+            self._acks,
+            spawn=self._spawn,
+            on_change=self._on_change,
+        )
+        self._sub = await self.conn.nc.subscribe(
+            subjects.lease_filter(self.settings.node), cb=self._service.handle
+        )
+        self._calls = CallService(subjects, self._runner, self.metrics, simulated)
+        self._calls_sub = await self.conn.nc.subscribe(
+            subjects.call_filter(self.settings.node), cb=self._calls.dispatch
+        )
+        # The server must know the subscription before the first advert tells anyone to ask.
+        await self.conn.nc.flush()
 
     async def hear_advert(self, msg: Msg) -> None:
         """Take in an advert from the advert subject (counted and dropped if it is garbage)."""
@@ -221,13 +220,7 @@ class Agent:
                 if not self._stopping:
                     self.executors.warm(self.executors.key_of(lease, "python"))
             return
-        puller = self._pullers.get(key)
-        if puller is not None:
-            self._warm(puller.spec)
-            puller.leases_changed()
-        elif key not in self._starting and not self._stopping:
-            self._starting.add(key)
-            self._spawn(self._run_puller(key))
+        self._jobs.leases_changed(key)
 
     def _on_beat(self, expired: list[Lease]) -> None:
         policy = self._policy.reread()
@@ -252,98 +245,17 @@ class Agent:
     async def _open_quota(self, policy: tenants.TenantPolicy) -> None:
         self._service.quota = await open_book(self.conn.js, self.broker, self.ledger, policy)
 
-    def _warm(self, spec: JobSpec) -> None:
-        """Start the executors of the job's leases while the coordinator is still submitting."""
-        if self._stopping:
-            return
-        leases = self.ledger.leases_of(spec.tenant, spec.job_id)
-        for exec_key in {self.executors.key_of(x, spec.kernel_kind) for x in leases}:
-            self.executors.warm(exec_key)
-
     def _reap_executors(self) -> None:
         live = {lease.lease_id for lease in self.ledger.holding()}
         self.executors.reap(live, time.monotonic())
 
-    async def _run_puller(self, key: JobKey) -> None:
-        try:
-            spec = await self._load_spec(key)
-        finally:
-            self._starting.discard(key)
-        if spec is None:
-            return
-        puller = JobPuller(
-            self.conn,
-            self.broker,
-            self.settings,
-            spec,
-            self.ledger,
-            self._runner,
-            self.metrics,
-            self._acks,
-        )
-        self._pullers[key] = puller
-        self._warm(spec)
-        puller.leases_changed()
-        try:
-            await puller.run()
-        finally:
-            del self._pullers[key]
-        # A grant may have landed while the puller was winding down.
-        if self.ledger.leases_of(*key) and not self._stopping:
-            self._on_change(*key)
-
-    async def _read_blob(self, tenant: str, digest: str) -> bytes | None:
-        """A tenant's uploaded code by digest, from its kernels store (in its account)."""
-        bucket = self.broker.subjects.kernels_store(tenant)
-        return await read_written_object(
-            self.conn.tenant_js(tenant), self.broker.call_retry, bucket, digest
-        )
-
-    async def _load_spec(self, key: JobKey) -> JobSpec | None:
-        """The job's spec from KV, retried while this node still holds leases for the job.
-
-        Read by a direct get in the tenant's own jobs bucket: with auth on, through the one
-        call of it the tenant's account exports to the workers.
-        """
-        s = self.broker.subjects
-        kv_key = s.job_key(*key)
-        subject = s.kv_subject(s.jobs_bucket(), kv_key)
-        js = self.conn.tenant_js(key[0])
-        while self.ledger.leases_of(*key) and not self._stopping:
-            try:
-                entry = await js.get_msg(s.kv_stream(s.jobs_bucket()), subject=subject, direct=True)
-                if entry.data:
-                    spec = decode(JobSpec, entry.data)
-                    # The key's tenant is the one the lease subject named: a spec claiming
-                    # another tenant (or job) would pull and answer that tenant's work.
-                    if (spec.tenant, spec.job_id) != key:
-                        raise InvalidMessage(
-                            "JobSpec", f"spec of {spec.tenant}.{spec.job_id} under key {kv_key}"
-                        )
-                    return spec
-            except InvalidMessage as exc:
-                log.error("bad job spec tenant=%s job=%s error=%s", key[0], key[1], exc)
-                self.metrics.invalid("job_spec")
-            except PermissionDenied as exc:  # no account exports it to the workers
-                log.error("job spec refused tenant=%s job=%s error=%s", key[0], key[1], exc)
-                return None
-            except nats.errors.Error as exc:  # not written yet, or the server is away
-                log.warning(
-                    "job spec not available tenant=%s job=%s error=%s",
-                    key[0],
-                    key[1],
-                    from_nats(exc),
-                )
-            # The spec may be written later: poll, but wake at once on stop.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), self.settings.pull_expires_s)
-        return None
-
     async def abort(self) -> None:
         """Undo a start that did not finish: stop its executors and background tasks."""
         self._stopping = True
-        self._stopped.set()
         # Unset when the start ended before it made them.
+        jobs: LeasedJobs | None = getattr(self, "_jobs", None)
+        if jobs is not None:
+            jobs.halt()
         executors: ExecutorPool | None = getattr(self, "executors", None)
         if executors is not None:
             await executors.close()
@@ -355,21 +267,13 @@ class Agent:
         """Stop taking work, let running chunks finish for `grace_s`, release every lease."""
         grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
         self._stopping = True
-        self._stopped.set()
+        self._jobs.halt()
         for sub in (self._sub, self._adverts_sub, self._calls_sub):
             if sub is not None:
                 await sub.unsubscribe()
         await self._service.close()
         await self._calls.stop()
-        # One snapshot: a puller leaves the map as soon as it stops pulling, chunks still running.
-        pullers = list(self._pullers.values())
-        for puller in pullers:
-            puller.stop_pulling()
-        # One grace period for all jobs together, not one per job.
-        idle = await asyncio.gather(*(p.wait_idle(grace_s) for p in pullers))
-        for puller, done in zip(pullers, idle, strict=True):
-            if not done:
-                await puller.abandon()
+        await self._jobs.drain(grace_s)
         # Whatever still runs is killed: a drain is bounded, whatever the kernels do.
         await self.executors.close()
         self._heartbeat.stop()

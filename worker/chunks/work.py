@@ -17,8 +17,11 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 
+from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
+from vramfabric.broker.objects import read_written_object
+from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
 
 from ..executors.work import Work
@@ -123,3 +126,15 @@ class WorkLoader:
             self._blobs.popitem(last=False)
         log.info("kernel blob fetched digest=%s bytes=%d", digest[:12], len(data))
         return data
+
+
+def blob_reader(
+    conn: Connection, broker: BrokerSettings
+) -> Callable[[str, str], Awaitable[bytes | None]]:
+    """Reads a tenant's uploaded code by digest from its kernels store (in its account)."""
+
+    async def read(tenant: str, digest: str) -> bytes | None:
+        bucket = broker.subjects.kernels_store(tenant)
+        return await read_written_object(conn.tenant_js(tenant), broker.call_retry, bucket, digest)
+
+    return read

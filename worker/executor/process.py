@@ -270,4 +270,3 @@ def main(argv: list[str] | None = None) -> int:
     Executor(args, out, Captured(2)).serve(inp)
     # The agent is gone or done with us: do not wait for chunks that may hang.
     os._exit(0)
-

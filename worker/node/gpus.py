@@ -12,6 +12,8 @@ import attrs
 from vramfabric.broker.messages import SIMULATED_MODEL
 from vramfabric.broker.settings import parse_size
 
+from .settings import WorkerSettings
+
 log = logging.getLogger(__name__)
 
 _SIMULATE = re.compile(r"^\s*(\d+)\s*[xX]\s*(.+)$")
@@ -94,6 +96,19 @@ def discover_nvml(nvml: Any | None = None) -> tuple[GpuSpec, ...]:
     finally:
         if owned:
             nvml.nvmlShutdown()
+
+
+def discover(settings: WorkerSettings) -> tuple[GpuSpec, ...]:
+    """The node's GPUs: simulated when asked, else NVML.
+
+    Raises:
+        ValueError: there are none, or none that holds a slice.
+    """
+    gpus = parse_simulate(settings.simulate) if settings.simulate else discover_nvml()
+    if not gpus:
+        raise ValueError("no GPU found through NVML; run with --simulate COUNTxSIZE (e.g. 4x48GiB)")
+    check_slice(gpus, settings.slice_bytes)
+    return gpus
 
 
 def text(value: str | bytes) -> str:
