@@ -1,4 +1,4 @@
-"""broker/codec.py, broker/messages.py: wire types round-trip; bad payloads are InvalidMessage."""
+"""broker/codec.py, broker/messages/: wire types round-trip; bad payloads are InvalidMessage."""
 
 from __future__ import annotations
 

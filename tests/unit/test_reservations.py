@@ -1,4 +1,4 @@
-"""broker/messages.py QuotaReservations: what counts against a quota, and its bucket name."""
+"""broker/messages/ QuotaReservations: what counts against a quota, and its bucket name."""
 
 from __future__ import annotations
 
