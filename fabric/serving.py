@@ -21,6 +21,8 @@ from .flags import add_metrics_port
 from .server_flags import MEMBER_HINT, add_server_flags, member, server_tls
 
 if TYPE_CHECKING:
+    from vramfabric.broker.cluster import LocalCluster
+    from vramfabric.broker.server import NatsServer
     from vramfabric.broker.tls import ServerTls
 
     from .authserver import AuthServer
@@ -33,12 +35,6 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     With --tenants, a change to the tenants file (or SIGHUP) is applied while it runs.
     """
-    import asyncio
-
-    from vramfabric.broker import tenants
-    from vramfabric.broker.cluster import LocalCluster
-    from vramfabric.broker.server import NatsServer
-
     from .report import err
 
     clustered = "--cluster" if args.cluster > 1 else "--routes" if args.routes else ""
@@ -54,21 +50,38 @@ def cmd_server(args: argparse.Namespace) -> int:
         return RET_USAGE
     # Block the signals first so sigtimedwait receives them instead of their default action.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    server: NatsServer | LocalCluster | AuthServer
-    authed: AuthServer | None = None
+    server, authed, hint = _start_server(args, joining, tls)
+    print(f"nats-server ready: {hint}", flush=True)
+    try:
+        _serve_until_stopped(authed)
+    finally:
+        server.stop()
+    return RET_OK
+
+
+def _start_server(
+    args: argparse.Namespace, joining: NatsServer | None, tls: ServerTls | None
+) -> tuple[NatsServer | LocalCluster | AuthServer, AuthServer | None, str]:
+    """Start the server the flags ask for: (it, its AuthServer if --tenants, the env hint)."""
+    import asyncio
+
+    from vramfabric.broker import tenants
+    from vramfabric.broker.cluster import LocalCluster
+    from vramfabric.broker.server import NatsServer
+
     if joining is not None:
-        server = joining.start()
-        hint = f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
-        hint += f" (cluster member; {MEMBER_HINT})"
-    elif args.cluster > 1:
-        server = LocalCluster(
+        member_server = joining.start()
+        hint = f"export VRAMFABRIC_NATS_URL={member_server.url}{_tls_env(tls)}"
+        return member_server, None, f"{hint} (cluster member; {MEMBER_HINT})"
+    if args.cluster > 1:
+        cluster = LocalCluster(
             size=args.cluster, base_dir=args.store, name=args.cluster_name, host=args.host, tls=tls
         ).start()
-        asyncio.run(server.wait_jetstream())
-        hint = f"export VRAMFABRIC_NATS_URL={server.url} VRAMFABRIC_REPLICAS={args.cluster}"
-        hint += _tls_env(tls)
-    elif args.tenants:
-        server = authed = _auth_server(args, tls)
+        asyncio.run(cluster.wait_jetstream())
+        hint = f"export VRAMFABRIC_NATS_URL={cluster.url} VRAMFABRIC_REPLICAS={args.cluster}"
+        return cluster, None, hint + _tls_env(tls)
+    if args.tenants:
+        authed = _auth_server(args, tls)
         hint = (
             f"export VRAMFABRIC_NATS_URL={authed.server.url} VRAMFABRIC_NATS_USER=<tenant> "
             "VRAMFABRIC_TENANT=<tenant> VRAMFABRIC_NATS_PASSWORD=<its password>; "
@@ -78,21 +91,20 @@ def cmd_server(args: argparse.Namespace) -> int:
         )
         if tls_env := _tls_env(tls):
             hint += f"; all of them:{tls_env}"
-    else:
-        server = NatsServer(port=args.port, store_dir=args.store, host=args.host, tls=tls).start()
-        hint = f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
-    print(f"nats-server ready: {hint}", flush=True)
-    try:
-        while True:
-            # Woken each second to notice a rewritten tenants file.
-            got = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP}, 1.0)
-            if got is not None and got.si_signo != signal.SIGHUP:
-                break
-            if authed is not None and (got is not None or authed.changed()):
-                _reload(authed)
-    finally:
-        server.stop()
-    return RET_OK
+        return authed, authed, hint
+    server = NatsServer(port=args.port, store_dir=args.store, host=args.host, tls=tls).start()
+    return server, None, f"export VRAMFABRIC_NATS_URL={server.url}{_tls_env(tls)}"
+
+
+def _serve_until_stopped(authed: AuthServer | None) -> None:
+    """Wait for SIGINT or SIGTERM; on SIGHUP or a rewritten tenants file, reload it."""
+    while True:
+        # Woken each second to notice a rewritten tenants file.
+        got = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP}, 1.0)
+        if got is not None and got.si_signo != signal.SIGHUP:
+            return
+        if authed is not None and (got is not None or authed.changed()):
+            _reload(authed)
 
 
 def _tls_env(tls: ServerTls | None) -> str:
