@@ -26,7 +26,7 @@ from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.messages import JobRecord
 from vramfabric.broker.server import NatsServer
-from vramfabric.coordinator import joblist
+from vramfabric.coordinator.jobs import joblist
 
 
 async def store_records(conn: Connection, broker: BrokerSettings, n: int) -> None:

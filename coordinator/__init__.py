@@ -1,8 +1,8 @@
 """The coordinator: leasing, jobs, aggregation and the `Fabric` API."""
 
 from .aggregate import ArgMax, ArgMin, Collect, Fold, Gather, Mean, TopK
-from .fabric import Fabric, JobResult
-from .jobs import Job
+from .api.fabric import Fabric, JobResult
+from .jobs.job import Job
 from .settings import CoordinatorSettings
 
 __all__ = [

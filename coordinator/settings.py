@@ -37,7 +37,7 @@ class CoordinatorSettings:
     metrics_addr: str = "127.0.0.1"
 
     # Finished jobs older than this are removed after each run and by `vramfabric gc`,
-    # which also collects the uploaded work no stored job names (coordinator/collect.py);
+    # which also collects the uploaded work no stored job names (coordinator/jobs/collect.py);
     # 0 keeps jobs until `rm`.
     job_retention_s: float = attrs.field(
         default=DEFAULT_JOB_RETENTION_S, validator=attrs.validators.ge(0)
@@ -50,7 +50,7 @@ class CoordinatorSettings:
     # resubscribes; after three such tries in a row the run fails with FollowerStalled.
     follow_stall_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     # Chunks per work message: 0 packs tiny chunks once results show they are tiny (auto),
-    # 1 sends one chunk per message, N up to N from the start (coordinator/packing.py).
+    # 1 sends one chunk per message, N up to N from the start (coordinator/run/packing.py).
     chunks_per_message: int = attrs.field(
         default=0, validator=[attrs.validators.ge(0), attrs.validators.le(MAX_PACK_CHUNKS)]
     )

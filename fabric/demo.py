@@ -24,10 +24,10 @@ import numpy as np
 
 from vramfabric.broker.settings import parse_size
 from vramfabric.coordinator.aggregate import ArgMin
-from vramfabric.coordinator.fabric import Fabric, JobResult
-from vramfabric.coordinator.jobs import Job
+from vramfabric.coordinator.api.fabric import Fabric, JobResult
+from vramfabric.coordinator.jobs.job import Job
 from vramfabric.coordinator.metrics import CoordinatorMetrics
-from vramfabric.coordinator.results import Progress
+from vramfabric.coordinator.run.results import Progress
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.host_build import COMPILER

@@ -4,7 +4,7 @@ The coordinator is `vramfabric -v run JOB.toml` started in a session of its own 
 controlling terminal: closing the terminal, or killing the launching shell's process
 group, does not reach it), stdin from /dev/null, stdout and stderr appended to a log file.
 This command returns once that process drives the job: its heartbeat names the
-process's pid (coordinator/driver.py), after its spec and origin are stored and just
+process's pid (coordinator/jobs/driver.py), after its spec and origin are stored and just
 before its run record says `running`, leases and chunks still to come. It returns at once,
 too, when the coordinator finished (a job whose chunks all had results) or failed (its exit
 code, and its log's last lines).
@@ -25,7 +25,7 @@ from pathlib import Path
 from vramfabric.broker.connection import connect
 from vramfabric.broker.jobdriver import JobDriver
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.driver import driven_by, read_driver, read_origin
+from vramfabric.coordinator.jobs.driver import driven_by, read_driver, read_origin
 from vramfabric.coordinator.settings import CoordinatorSettings
 
 from .exits import RET_FAILED, RET_OK

@@ -23,11 +23,11 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.usage import AccountUsage, account_usage
-from vramfabric.coordinator import joblist, lifecycle
-from vramfabric.coordinator.collect import housekeep
-from vramfabric.coordinator.driver import ORPHANED
-from vramfabric.coordinator.failures import DEFAULT_FAILURES, Failures, read_failures
-from vramfabric.coordinator.fleet import held_by_job, stored_adverts
+from vramfabric.coordinator.jobs import joblist, lifecycle
+from vramfabric.coordinator.jobs.collect import housekeep
+from vramfabric.coordinator.jobs.driver import ORPHANED
+from vramfabric.coordinator.jobs.failures import DEFAULT_FAILURES, Failures, read_failures
+from vramfabric.coordinator.leases.fleet import held_by_job, stored_adverts
 from vramfabric.coordinator.settings import CoordinatorSettings
 
 from .exits import (

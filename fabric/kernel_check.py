@@ -92,7 +92,7 @@ def _check_source(
 
 
 def _check_job(path: Path, chunks: int) -> int:
-    from vramfabric.coordinator.jobfile import load
+    from vramfabric.coordinator.jobs.jobfile import load
     from vramfabric.kernels import CudaKernel
     from vramfabric.kernels.cuda_precheck import host_build_problem
     from vramfabric.kernels.errors import KernelArgumentError, KernelCompileError

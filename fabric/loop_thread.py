@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from vramfabric.coordinator.calling import to_own_streams
+from vramfabric.coordinator.calls.calling import to_own_streams
 
 T = TypeVar("T")
 

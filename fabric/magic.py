@@ -227,7 +227,7 @@ def _options(line: str, usage: type[Exception]) -> tuple[str | None, float | Non
 
 
 def _raise(sent: bytes, text: str) -> None:
-    from vramfabric.coordinator.remote import RemoteError, RemoteTraceback
+    from vramfabric.coordinator.calls.remote import RemoteError, RemoteTraceback
 
     exc = pickle.loads(sent) if sent else RemoteError(text.strip().splitlines()[-1])
     raise exc from RemoteTraceback(text)

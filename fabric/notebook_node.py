@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramfabric.coordinator.remote import apply_fn
-from vramfabric.coordinator.work import JobWork, job_work
+from vramfabric.coordinator.calls.remote import apply_fn
+from vramfabric.coordinator.jobs.work import JobWork, job_work
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES, Context
 
 from .in_place import InPlaceSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from vramfabric.coordinator.timeline import Point
+from vramfabric.coordinator.run.timeline import Point
 
 
 def plot_series(series: Sequence[Point], path: str | Path, title: str = "") -> Path:

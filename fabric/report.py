@@ -21,9 +21,9 @@ from rich.progress import (
 from rich.text import Text
 
 from vramfabric.broker.messages import ChunkResult, NodeAdvert
-from vramfabric.coordinator.fabric import JobResult
-from vramfabric.coordinator.joblist import JobInfo
-from vramfabric.coordinator.results import ResultsConsumer
+from vramfabric.coordinator.api.fabric import JobResult
+from vramfabric.coordinator.jobs.joblist import JobInfo
+from vramfabric.coordinator.run.results import ResultsConsumer
 
 # Messages on stderr: one line each however narrow the terminal or pipe (rich wraps at 80
 # columns when it cannot tell the width), and printed as given: exception text such as

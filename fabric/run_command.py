@@ -20,11 +20,11 @@ import attrs
 
 from vramfabric.broker.jobdriver import JobOrigin
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.driver import write_origin
-from vramfabric.coordinator.fabric import Fabric, JobResult
-from vramfabric.coordinator.jobfile import JobFile
+from vramfabric.coordinator.api.fabric import Fabric, JobResult
+from vramfabric.coordinator.jobs.driver import write_origin
+from vramfabric.coordinator.jobs.jobfile import JobFile
 from vramfabric.coordinator.metrics import CoordinatorMetrics
-from vramfabric.coordinator.results import Progress, ResultsConsumer
+from vramfabric.coordinator.run.results import Progress, ResultsConsumer
 from vramfabric.coordinator.settings import CoordinatorSettings
 
 from .exits import (
@@ -52,7 +52,7 @@ NO_NODES_HINT_S = 5.0
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a JOB.toml against a running fabric."""
-    from vramfabric.coordinator.jobfile import load
+    from vramfabric.coordinator.jobs.jobfile import load
 
     try:
         spec = load(args.jobfile)

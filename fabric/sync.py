@@ -25,13 +25,13 @@ import attrs
 
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator.aggregate import Aggregator
-from vramfabric.coordinator.calling import to_own_streams
-from vramfabric.coordinator.fabric import Fabric
-from vramfabric.coordinator.interactive import GpuSession
-from vramfabric.coordinator.jobresult import JobResult
-from vramfabric.coordinator.jobs import Job
+from vramfabric.coordinator.api.fabric import Fabric
+from vramfabric.coordinator.calls.calling import to_own_streams
+from vramfabric.coordinator.calls.interactive import GpuSession
+from vramfabric.coordinator.jobs.job import Job
+from vramfabric.coordinator.jobs.work import JobWork
+from vramfabric.coordinator.run.jobresult import JobResult
 from vramfabric.coordinator.settings import CoordinatorSettings
-from vramfabric.coordinator.work import JobWork
 
 from .in_place import InPlaceFabric, InPlaceSettings
 from .loop_thread import LoopThread, Relay

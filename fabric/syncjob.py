@@ -1,6 +1,6 @@
 """SyncJob: `fabric.job(ID)` of `vramfabric.connect()`, a stored job by id from any thread.
 
-The sync form of coordinator/jobhandle.py's JobHandle: each call runs on the fabric's own
+The sync form of coordinator/api/jobhandle.py's JobHandle: each call runs on the fabric's own
 loop (sync.py) and blocks the caller; `*_async` forms await it from the caller's loop.
 """
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from vramfabric.coordinator.aggregate import Aggregator
-from vramfabric.coordinator.jobhandle import JobHandle, JobStatus
-from vramfabric.coordinator.jobresult import JobResult
+from vramfabric.coordinator.api.jobhandle import JobHandle, JobStatus
+from vramfabric.coordinator.run.jobresult import JobResult
 
 if TYPE_CHECKING:
     from .loop_thread import LoopThread

@@ -10,7 +10,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import FabricFactory
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.connection import connect
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.leases.leasing import LeasePool
 from vramfabric.worker import WorkerSettings
 from vramfabric.worker.colocated import Colocated, node_names
 

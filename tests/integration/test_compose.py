@@ -22,7 +22,7 @@ from vramfabric.broker.server import find_binary
 from vramfabric.broker.settings import DEFAULT_URL
 from vramfabric.cli import build_parser
 from vramfabric.coordinator import metrics as coordinator_metrics
-from vramfabric.coordinator.jobfile import load
+from vramfabric.coordinator.jobs.jobfile import load
 from vramfabric.worker.node import metrics as worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

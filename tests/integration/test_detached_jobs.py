@@ -26,8 +26,9 @@ from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import JobCancelled
-from vramfabric.coordinator import ArgMax, Job, joblist
-from vramfabric.coordinator.driver import ORPHANED
+from vramfabric.coordinator import ArgMax, Job
+from vramfabric.coordinator.jobs import joblist
+from vramfabric.coordinator.jobs.driver import ORPHANED
 
 CLI = [sys.executable, "-m", "vramfabric"]
 N_CHUNKS = 6

@@ -18,7 +18,7 @@ from vramfabric.broker import BrokerSettings
 from vramfabric.broker.cluster import free_ports
 from vramfabric.broker.errors import Disconnected
 from vramfabric.coordinator import ArgMin, Job
-from vramfabric.coordinator import jobrun as jobrun_module
+from vramfabric.coordinator.run import jobrun as jobrun_module
 from vramfabric.demo import HYPERPARAM_RTOL, reference_argmin
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space

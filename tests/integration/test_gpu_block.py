@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker.errors import LeaseExpired
-from vramfabric.coordinator.remote import RemoteTraceback
+from vramfabric.coordinator.calls.remote import RemoteTraceback
 
 
 def leased_bytes(agent: object) -> int:

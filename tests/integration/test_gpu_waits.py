@@ -10,7 +10,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker.errors import SliceTooLarge
 from vramfabric.coordinator import Fabric
-from vramfabric.coordinator.interactive import gpu_session
+from vramfabric.coordinator.calls.interactive import gpu_session
 
 
 def leased_bytes(agent: object) -> int:

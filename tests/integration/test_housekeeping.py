@@ -14,8 +14,9 @@ from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.errors import JobNotFound
-from vramfabric.coordinator import Gather, Job, joblist
-from vramfabric.coordinator.collect import BLOB_MIN_AGE_S, housekeep
+from vramfabric.coordinator import Gather, Job
+from vramfabric.coordinator.jobs import joblist
+from vramfabric.coordinator.jobs.collect import BLOB_MIN_AGE_S, housekeep
 
 
 def double(x: int) -> int:

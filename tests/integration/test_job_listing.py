@@ -14,7 +14,7 @@ from vramfabric.broker import BrokerSettings, buckets
 from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.messages import JobRecord
-from vramfabric.coordinator import joblist
+from vramfabric.coordinator.jobs import joblist
 
 N_JOBS = 100_000
 

@@ -24,7 +24,7 @@ from vramfabric.broker import (
 from vramfabric.broker.errors import JobTimeout
 from vramfabric.broker.messages import NodeAdvert
 from vramfabric.coordinator import ArgMin, Job
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.leases.leasing import LeasePool
 
 GIB = 2**30
 MIB = 2**20

@@ -27,8 +27,9 @@ from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
 from vramfabric.broker.errors import JobNotFound, JobTimeout
 from vramfabric.broker.messages import JobSpec
-from vramfabric.coordinator import ArgMin, Job, JobResult, joblist, lifecycle
-from vramfabric.coordinator.stored import finished_chunks
+from vramfabric.coordinator import ArgMin, Job, JobResult
+from vramfabric.coordinator.jobs import joblist, lifecycle
+from vramfabric.coordinator.jobs.stored import finished_chunks
 from vramfabric.demo import reference_argmin
 from vramfabric.kernels.hyperparam import search_space
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.coordinator import Fabric, Gather, Job
-from vramfabric.coordinator.lifecycle import remove
+from vramfabric.coordinator.jobs.lifecycle import remove
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 from tests.integration.conftest import AgentFactory
 from vramfabric.broker import buckets
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.interactive import call_work
+from vramfabric.coordinator.calls.interactive import call_work
 
 pytestmark = [
     pytest.mark.slow,

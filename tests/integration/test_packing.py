@@ -21,7 +21,7 @@ from vramfabric.broker import BrokerSettings, Connection, ErrorKind, RetryPolicy
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.subjects import HEADER_MSG_ID
 from vramfabric.coordinator import ArgMin, Fabric, Fold, Gather, Job
-from vramfabric.coordinator.joblist import count_results, inspect
+from vramfabric.coordinator.jobs.joblist import count_results, inspect
 
 CodeFabric = Callable[..., Awaitable[Fabric]]
 

@@ -20,7 +20,7 @@ from vramfabric.broker.errors import StaleRead
 from vramfabric.broker.messages import JobRecord
 from vramfabric.broker.objects import read_written_object, write_object
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.record import read_record_at, write_record
+from vramfabric.coordinator.jobs.record import read_record_at, write_record
 
 pytestmark = pytest.mark.integration
 

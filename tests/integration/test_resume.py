@@ -11,7 +11,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.coordinator import ArgMin, Job, Mean
-from vramfabric.coordinator.stored import finished_chunks
+from vramfabric.coordinator.jobs.stored import finished_chunks
 
 N_CHUNKS = 40
 N_LEASES = 4

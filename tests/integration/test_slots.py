@@ -368,7 +368,7 @@ async def test_function_runs_only_where_code_is_allowed(
         await fabric.run(job, Gather(), timeout_s=20)
     # And a coordinator that asked that node anyway gets a clear permanent failure
     from tests.integration.test_chunks import prepare_job
-    from vramfabric.coordinator.work import upload
+    from vramfabric.coordinator.jobs.work import upload
 
     await upload(fabric._runner.kernels, job.work)
     job_id = await prepare_job(conn, broker, job, "plain", leases=1)

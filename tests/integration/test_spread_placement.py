@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.leases.leasing import LeasePool
 
 MIB = 2**20
 

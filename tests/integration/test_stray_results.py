@@ -10,7 +10,7 @@ from tests.integration.conftest import AgentFactory, FabricFactory
 from tests.kernels_for_tests import SLEEPY, executions, sleepy_input
 from vramfabric.broker.connection import Connection
 from vramfabric.coordinator import Fabric, Job, Mean
-from vramfabric.coordinator.joblist import inspect
+from vramfabric.coordinator.jobs.joblist import inspect
 
 N_CHUNKS = 12
 # What `Subjects.result` never builds, each below the job's results: a non-numeric tail, a

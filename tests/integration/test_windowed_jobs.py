@@ -14,9 +14,9 @@ from tests.integration.conftest import AgentFactory, FabricFactory
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings, Connection, topology
 from vramfabric.coordinator import Fabric, Job, Mean
-from vramfabric.coordinator.follow import Follower, FollowerStalled
-from vramfabric.coordinator.joblist import read_spec
-from vramfabric.coordinator.results import ResultsConsumer
+from vramfabric.coordinator.jobs.joblist import read_spec
+from vramfabric.coordinator.run.follow import Follower, FollowerStalled
+from vramfabric.coordinator.run.results import ResultsConsumer
 
 
 async def test_job_from_a_generator_runs_and_stores_its_real_chunk_count(

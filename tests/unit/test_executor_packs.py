@@ -7,7 +7,7 @@ import io
 import pickle
 from typing import Any
 
-from vramfabric.coordinator.work import job_work
+from vramfabric.coordinator.jobs.work import job_work
 from vramfabric.kernels.code import Context, encode_input
 from vramfabric.worker.executor import ipc
 from vramfabric.worker.executor.process import Executor

@@ -1,4 +1,4 @@
-"""coordinator/jobfile.py: JOB.toml parsing, the [cuda] table and its errors."""
+"""coordinator/jobs/jobfile.py: JOB.toml parsing, the [cuda] table and its errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vramfabric.coordinator.jobfile import load
+from vramfabric.coordinator.jobs.jobfile import load
 from vramfabric.kernels import CudaKernel
 
 SAXPY = """extern "C" __global__ void saxpy(const float* x, float* y, float a, size_t n_bytes) {

@@ -1,4 +1,4 @@
-"""coordinator/jobs.py Job.spec: the JobSpec a run stores, and its content-derived id."""
+"""coordinator/jobs/job.py Job.spec: the JobSpec a run stores, and its content-derived id."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vramfabric.broker import codec
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.subjects import token
-from vramfabric.coordinator.jobs import Job
+from vramfabric.coordinator.jobs.job import Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space

@@ -26,7 +26,7 @@ from vramfabric.broker import tenants
 from vramfabric.broker.server import find_binary
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.cli import parse
-from vramfabric.coordinator import jobfile
+from vramfabric.coordinator.jobs import jobfile
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.__main__ import STOP_SLACK_S, worker_settings
 from vramfabric.worker.node.gpus import check_slice, parse_simulate

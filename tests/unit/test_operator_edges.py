@@ -10,7 +10,7 @@ import pytest
 
 from vramfabric import cli, exits, fleet_commands
 from vramfabric.broker.settings import BrokerSettings, check_url
-from vramfabric.coordinator.jobfile import GRID_MAX, load
+from vramfabric.coordinator.jobs.jobfile import GRID_MAX, load
 from vramfabric.report import err, print_run
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vramfabric.coordinator.packing import (
+from vramfabric.coordinator.run.packing import (
     PACK_INPUT_BYTES,
     PROBE_CHUNKS,
     PROBE_WAIT_S,

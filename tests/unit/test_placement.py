@@ -1,4 +1,4 @@
-"""coordinator/placement.py: plan() splits wanted leases over nodes by free slices."""
+"""coordinator/leases/placement.py: plan() splits wanted leases over nodes by free slices."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from vramfabric.broker.messages import GpuState, LeaseRequest, NodeAdvert
-from vramfabric.coordinator.placement import plan
+from vramfabric.coordinator.leases.placement import plan
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.leases.ledger import SliceLedger
 from vramfabric.worker.node.gpus import parse_simulate

@@ -9,8 +9,8 @@ from tests.kernels_one_node import ONLY_HERE
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.errors import CodeRefused, KernelNotFound
 from vramfabric.broker.messages import GpuState, JobSpec, NodeAdvert
-from vramfabric.coordinator.placement import lists_kernel, plan, refusal
-from vramfabric.coordinator.work import job_work
+from vramfabric.coordinator.jobs.work import job_work
+from vramfabric.coordinator.leases.placement import lists_kernel, plan, refusal
 from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.registry import BUILTIN_NAMES, kernel_names
 from vramfabric.worker.adverts import node_facts

@@ -1,4 +1,4 @@
-"""coordinator/printed.py: what a call prints, framed and sent in order while it runs."""
+"""coordinator/calls/printed.py: what a call prints, framed and sent in order while it runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.helpers import poll_until
-from vramfabric.coordinator.printed import CHUNK_CHARS, Printed, sent_while_running
+from vramfabric.coordinator.calls.printed import CHUNK_CHARS, Printed, sent_while_running
 
 
 def test_frames_keep_the_order_and_stream_of_what_was_written() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vramfabric.coordinator.timeline import MAX_POINTS, Timeline
+from vramfabric.coordinator.run.timeline import MAX_POINTS, Timeline
 
 
 def test_a_long_run_keeps_a_bounded_series_with_its_peak_and_its_last_point() -> None:

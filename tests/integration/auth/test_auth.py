@@ -37,9 +37,10 @@ from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import ErrorKind, JobCancelled, JobNotFound, PermissionDenied
 from vramfabric.broker.messages import ReleaseRequest, RenewRequest
 from vramfabric.broker.objects import write_object
-from vramfabric.coordinator import Fabric, Job, joblist, lifecycle
+from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.jobs import joblist, lifecycle
+from vramfabric.coordinator.leases.leasing import LeasePool
 from vramfabric.local import LocalFleet
 from vramfabric.worker import Agent, WorkerSettings
 

@@ -16,9 +16,10 @@ from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker.errors import JobNotFound
 from vramfabric.broker.jobdriver import JobOrigin
-from vramfabric.coordinator import Fabric, Job, joblist
+from vramfabric.coordinator import Fabric, Job
 from vramfabric.coordinator.aggregate import Gather
-from vramfabric.coordinator.driver import ORPHANED, read_origin, write_origin
+from vramfabric.coordinator.jobs import joblist
+from vramfabric.coordinator.jobs.driver import ORPHANED, read_origin, write_origin
 
 
 async def listed(fabric: Fabric, job: str) -> joblist.JobInfo | None:

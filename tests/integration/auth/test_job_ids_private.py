@@ -15,8 +15,8 @@ from nats.aio.msg import Msg
 from tests.authsetup import AuthFabric
 from tests.helpers import eventually
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.coordinator.fleet import stored_adverts
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.leases.fleet import stored_adverts
+from vramfabric.coordinator.leases.leasing import LeasePool
 
 ALICE_JOB, BOB_JOB = "alicesecretjob", "bobownjob"
 

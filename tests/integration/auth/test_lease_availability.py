@@ -28,7 +28,7 @@ from vramfabric.broker.messages import (
     RenewRequest,
 )
 from vramfabric.coordinator import Fabric
-from vramfabric.coordinator.leasing import LeasePool
+from vramfabric.coordinator.leases.leasing import LeasePool
 
 GIB = 2**30
 # Bob's flood: renewals of MAX_LEASE_IDS made-up ids each (the most a request may carry),

@@ -1,6 +1,6 @@
 """fabric.map: a function over an iterable as a batch job, its results yielded as they come.
 
-The iterable is read lazily through the run's windowed submission (coordinator/submit.py),
+The iterable is read lazily through the run's windowed submission (coordinator/run/submit.py),
 so a generator of millions of items never sits in memory: at most a window of chunks is in
 flight or waiting for the caller to take its result. Each result is handed to the
 iterating caller as it is folded; with `ordered=True` a result waits only for those before
@@ -23,13 +23,13 @@ from vramfabric.broker.errors import ChunkFailed, ErrorKind, VramfabricError
 from vramfabric.broker.messages import ChunkResult
 from vramfabric.broker.settings import parse_size
 
-from .aggregate import unpickle
-from .jobrun import JobRun
-from .jobs import Job
-from .lifecycle import remove
+from ..aggregate import unpickle
+from ..jobs.job import Job
+from ..jobs.lifecycle import remove
+from ..run.jobrun import JobRun
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from ..run.runner import Runner
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ a per-message TTL of TTL_BEATS beats, again every beat: the server drops it once
 process stops beating, and a `running` record without it reads as ORPHANED. A run that
 ends deletes it (with a marker that expires too). `vramfabric run` also stores the job's
 `JobOrigin` (`<tenant>.<job>.origin`, kept): the job file that rebuilds the job, so that
-`Fabric.job(ID).result()` can resume it from another process (coordinator/jobhandle.py).
+`Fabric.job(ID).result()` can resume it from another process (coordinator/api/jobhandle.py).
 
 Both keys are plain publishes and direct gets on the tenant's own keys: nothing a tenant
 is not granted already (broker/auth.py).

@@ -37,10 +37,10 @@ from vramfabric.broker.messages import (
 )
 from vramfabric.broker.settings import BrokerSettings
 
+from ..metrics import CoordinatorMetrics
+from ..settings import CoordinatorSettings
 from .fleet import FleetView
-from .metrics import CoordinatorMetrics
 from .placement import plan
-from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import logging
 
 import attrs
 
-from .fleet import FleetView
-from .leasing import LeasePool
+from ..leases.fleet import FleetView
+from ..leases.leasing import LeasePool
 from .packing import PROBE_LEASES_WAIT_S, Packer
 from .results import ResultsConsumer
 

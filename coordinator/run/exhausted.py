@@ -29,8 +29,8 @@ from vramfabric.broker.packs import ChunkPack, PackResult
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS, Subjects
 
+from ..jobs.job import Span
 from .follow import Follower
-from .jobs import Span
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
 from .driver import ORPHANED, driven_by, read_driver, read_origin, resume_hint
-from .jobs import Span
+from .job import Span
 from .record import read_key, read_record
 from .records import RecordReader, StoredRecord
 from .stored import result_spans

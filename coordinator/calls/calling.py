@@ -36,10 +36,10 @@ from vramfabric.broker.errors import (
 )
 from vramfabric.broker.objects import read_written_object
 
-from .work import JobWork, upload
+from ..jobs.work import JobWork, upload
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from ..run.runner import Runner
 
 log = logging.getLogger(__name__)
 

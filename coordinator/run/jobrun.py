@@ -23,21 +23,21 @@ from vramfabric.broker.errors import CapacityExceeded, VramfabricError
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .aggregate import Aggregator
+from ..aggregate import Aggregator
+from ..jobs.job import Job, publish_spec
+from ..jobs.record import RunRecord
+from ..jobs.requeue import queued_chunks
+from ..jobs.stored import finished_chunks
+from ..leases.fleet import FleetView
+from ..leases.leasing import LeasePool
+from ..leases.placement import refusal
+from ..metrics import CoordinatorMetrics
+from ..settings import CoordinatorSettings
 from .exhausted import ExhaustedWatcher
-from .fleet import FleetView
 from .growth import FIRST_LEASES, LeaseGrowth
-from .jobs import Job, publish_spec
-from .leasing import LeasePool
-from .metrics import CoordinatorMetrics
 from .packing import Packer
-from .placement import refusal
-from .record import RunRecord
-from .requeue import queued_chunks
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
-from .settings import CoordinatorSettings
-from .stored import finished_chunks
 from .submit import Submission, Window
 from .timeline import Point, Timeline
 

@@ -20,7 +20,7 @@ from vramfabric.broker.errors import nats_errors
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .jobs import Span
+from ..jobs.job import Span
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from .jobs import UNKNOWN_CHUNKS, Span
+from .job import UNKNOWN_CHUNKS, Span
 
 
 async def finished_chunks(conn: Connection, broker: BrokerSettings, spec: JobSpec) -> set[int]:

@@ -2,7 +2,7 @@
 
 `Fabric.job(ID)` returns one. `result()` re-attaches to the job where it stands:
 
-- while a process drives it (its heartbeat beats, driver.py), the job's results stream is
+- while a process drives it (its heartbeat beats, jobs/driver.py), the job's results stream is
   followed and folded here, until every chunk has a result; if that process dies meanwhile
   the job is resumed here;
 - once every chunk has a result, they are read back and folded;
@@ -29,17 +29,17 @@ from vramfabric.broker.jobdriver import JobDriver, JobOrigin
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from . import joblist, lifecycle
-from .aggregate import PICKLE, Aggregator, bind_dtype
-from .driver import BEAT_S, read_driver, read_origin
-from .jobfile import JobFile, load
-from .jobresult import JobResult
-from .jobs import UNKNOWN_CHUNKS
-from .record import read_record
-from .results import ResultsConsumer
+from ..aggregate import PICKLE, Aggregator, bind_dtype
+from ..jobs import joblist, lifecycle
+from ..jobs.driver import BEAT_S, read_driver, read_origin
+from ..jobs.job import UNKNOWN_CHUNKS
+from ..jobs.jobfile import JobFile, load
+from ..jobs.record import read_record
+from ..run.jobresult import JobResult
+from ..run.results import ResultsConsumer
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from ..run.runner import Runner
 
 # Output dtype of a job's aggregator given without one, by kind of work (a CUDA kernel's
 # own dtype is in its job file, or must be given with the aggregator).

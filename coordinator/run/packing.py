@@ -16,7 +16,7 @@ with the full window: a pack runs on one lease, one chunk after another, and lon
 spread over the leases finish sooner. 1 turns packing off; N >= 2 packs up to N chunks from
 the start. A job holds no more leases than it has messages left (`Packer.messages`): in
 auto, its first leases wait up to `PROBE_LEASES_WAIT_S` for a first result before it asks
-for more (coordinator/growth.py).
+for more (coordinator/run/growth.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import attrs
 
 from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 
-from .jobs import Span
+from ..jobs.job import Span
 
 # Chunks that run shorter than this (as results report them) are packed.
 TINY_CHUNK_S = 0.005

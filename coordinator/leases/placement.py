@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable
 from vramfabric.broker.errors import CodeRefused, KernelNotFound, PermanentError
 from vramfabric.broker.messages import JobSpec, NodeAdvert
 
-from .settings import PLACEMENTS
+from ..settings import PLACEMENTS
 
 # Kernel names (or Python versions) a refusal lists before it says how many more there are.
 _LISTED = 20

@@ -2,8 +2,8 @@
 
 A Fabric makes one at start and hands it to what serves its API: `run` drives a job to its
 aggregate here (`run`), `map` prepares a job, starts its run and drives it in the background
-(mapping.py), a `gpu` block leases a slice in a lease set of its own (interactive.py), and a
-`JobHandle` resumes a stored job with it. They all take the Runner, never the Fabric: the
+(api/mapping.py), a `gpu` block leases a slice in a lease set of its own (calls/interactive.py),
+and a `JobHandle` resumes a stored job with it. They all take the Runner, never the Fabric: the
 Fabric is the API, the Runner the steps, so nothing below the API imports it back.
 """
 
@@ -23,18 +23,18 @@ from vramfabric.broker.errors import CodeRefused, VramfabricError
 from vramfabric.broker.messages import JobSpec, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
-from .aggregate import Aggregator, bind_dtype
-from .collect import housekeep
+from ..aggregate import Aggregator, bind_dtype
+from ..jobs.collect import housekeep
+from ..jobs.job import Job, publish_spec
+from ..jobs.work import JobWork, upload
+from ..leases.fleet import FleetView
+from ..leases.leasing import LeasePool
+from ..metrics import CoordinatorMetrics
+from ..settings import CoordinatorSettings
 from .driving import drive
-from .fleet import FleetView
 from .jobresult import JobResult
 from .jobrun import JobRun
-from .jobs import Job, publish_spec
-from .leasing import LeasePool
-from .metrics import CoordinatorMetrics
 from .results import Progress
-from .settings import CoordinatorSettings
-from .work import JobWork, upload
 
 log = logging.getLogger(__name__)
 

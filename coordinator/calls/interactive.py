@@ -40,6 +40,8 @@ from vramfabric.broker.messages import Lease
 from vramfabric.broker.settings import parse_size
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES, encode_input
 
+from ..jobs.work import JobWork, job_work
+from ..leases.leasing import LeasePool
 from .calling import (
     OnOutput,
     Printer,
@@ -48,12 +50,10 @@ from .calling import (
     to_own_streams,
     upload_work,
 )
-from .leasing import LeasePool
 from .remote import apply, call_input, outcome
-from .work import JobWork, job_work
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from ..run.runner import Runner
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
-from .aggregate import Aggregator
+from ..aggregate import Aggregator
+from ..jobs.job import Span
+from ..metrics import CoordinatorMetrics
 from .follow import Follower
-from .jobs import Span
-from .metrics import CoordinatorMetrics
 from .packing import ChunkSpeed
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from vramfabric.kernels.code import (
 )
 from vramfabric.kernels.cuda import CudaKernel
 
-from .placement import lists_kernel
+from ..leases.placement import lists_kernel
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """RunRecord: the running side of a job's lifecycle: its JobRecord in KV, and cancellation.
 
 The coordinator running a job writes `running` at the start and the outcome at the end.
-`vramfabric cancel` (coordinator/lifecycle.py) writes `cancelled`; the running coordinator
+`vramfabric cancel` (coordinator/jobs/lifecycle.py) writes `cancelled`; the running coordinator
 is subscribed to its record's subject and, when it sees that, stops waiting and releases
 its leases.
 """

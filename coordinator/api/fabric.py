@@ -18,22 +18,22 @@ from vramfabric.broker.connection import Connection, connect
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import token
 
-from .aggregate import Aggregator
-from .fleet import FleetView
-from .interactive import GpuSession, gpu_session
+from ..aggregate import Aggregator
+from ..calls.interactive import GpuSession, gpu_session
+from ..jobs.job import Job
+from ..leases.fleet import FleetView
+from ..metrics import CoordinatorMetrics
+from ..run.jobresult import JobResult
+from ..run.results import Progress
+from ..run.runner import Runner
+from ..settings import CoordinatorSettings
 from .jobhandle import JobHandle
-from .jobresult import JobResult
-from .jobs import Job
 from .mapping import map_results
-from .metrics import CoordinatorMetrics
-from .results import Progress
-from .runner import Runner
-from .settings import CoordinatorSettings
 from .tenancy import ensure_own_tenant
 
 log = logging.getLogger(__name__)
 
-# JobResult moved to jobresult.py; importers of it from here keep working.
+# JobResult moved to run/jobresult.py; importers of it from here keep working.
 __all__ = ["Fabric", "JobResult"]
 
 
@@ -181,6 +181,6 @@ class Fabric:
         """A stored job of this tenant by id: `status()`, `cancel()` and `result()`.
 
         `result()` re-attaches to a job another process drives (a detached `vramfabric
-        run`), or resumes it here when that process is gone (coordinator/jobhandle.py).
+        run`), or resumes it here when that process is gone (coordinator/api/jobhandle.py).
         """
         return JobHandle(self._runner, token(job_id, "job_id"))

@@ -2,7 +2,7 @@
 
 `Fabric.run` and `fabric.map` prepare a job and start its run (jobrun.py); `drive` then
 completes it and ends it, whatever ends it. While it drives, the job's heartbeat beats
-(driver.py): it starts before the record says `running` and stops after the record says
+(jobs/driver.py): it starts before the record says `running` and stops after the record says
 how the run ended, so a listing never sees a running job without a driver unless its
 driver is gone.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from vramfabric.broker.errors import JobTimeout
 
-from .driver import Heartbeat
+from ..jobs.driver import Heartbeat
 from .jobrun import JobRun
 
 

@@ -34,8 +34,8 @@ from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.subjects import HEADER_MSG_ID, MAX_PACK_CHUNKS
 from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES
 
+from ..settings import CoordinatorSettings
 from .requeue import not_queued
-from .settings import CoordinatorSettings
 from .work import JobWork, Work, job_work
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Job:
     duplicate. A generator can be read only once, so a job over one gets a fresh random id
     unless given a `job_id` (give one to make it resumable). `timeout_s` is each chunk's
     deadline (default: the worker's). `chunks_per_message` overrides the fabric's setting
-    for this job (0 auto, 1 one chunk per message, N up to N: coordinator/packing.py); it
+    for this job (0 auto, 1 one chunk per message, N up to N: coordinator/run/packing.py); it
     is not part of the job id.
     """
 

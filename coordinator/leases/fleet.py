@@ -26,7 +26,7 @@ from vramfabric.broker.errors import InvalidMessage, VramfabricError, from_nats,
 from vramfabric.broker.messages import HeldReply, HeldRequest, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
 
-from .metrics import CoordinatorMetrics
+from ..metrics import CoordinatorMetrics
 
 log = logging.getLogger(__name__)
 

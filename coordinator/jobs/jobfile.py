@@ -54,8 +54,8 @@ from vramfabric.kernels import (
 from vramfabric.kernels.cuda import Reference
 from vramfabric.kernels.hyperparam import MAX_BATCH, encode_config, search_space
 
-from .aggregate import Aggregator, by_name
-from .jobs import Job, check_args
+from ..aggregate import Aggregator, by_name
+from .job import Job, check_args
 
 _CUDA_REQUIRED = ("entry", "grid", "block", "args", "max_output_bytes")
 _CUDA_OPTIONAL = (

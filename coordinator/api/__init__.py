@@ -1,0 +1,1 @@
+"""The Python API: `Fabric`, a stored job's handle, `map`."""

@@ -1,0 +1,1 @@
+"""Interactive calls: a `gpu` block's slice, its calls, what they print."""

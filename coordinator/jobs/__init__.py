@@ -1,0 +1,1 @@
+"""Jobs as stored: specs and work, records, drivers, listings and lifecycle."""

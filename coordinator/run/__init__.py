@@ -1,0 +1,1 @@
+"""A run's steps: the runner `run`, `map` and `gpu` share, submission, results."""
