@@ -27,7 +27,7 @@ def operator_user(tenant: str) -> str:
 def accounts(tenants: TenantsFile, subjects: Subjects) -> dict[str, object]:
     """The `accounts` block: the fabric's account and one per tenant, joined by narrow imports.
 
-    What crosses (docs/operations.md has the picture): lease requests of that tenant to the
+    What crosses (docs/operations/tenants.md has the picture): lease requests of that tenant to the
     nodes, adverts and reads of the adverts bucket (fabric to tenant); interactive calls of
     that tenant to the nodes, and what they print (fabric to tenant); the work, result, code
     and output paths the workers need (tenant to fabric). A request that crosses is

@@ -79,7 +79,7 @@ def _jetstream(tenants: TenantsFile) -> dict[str, object]:
     the host's memory) and will not start where they do not fit: 500 tenants at the default
     256 MiB are 125 GiB. Where they would not fit, the total is set to their sum plus the
     fabric's room: each tenant stays bound by its limit, but together they are promised
-    more memory than the host holds (docs/operations.md, Account limits).
+    more memory than the host holds (docs/operations/tenants.md, Account limits).
     """
     reserved = sum(max(t.limits.memory_storage_bytes, 0) for t in tenants.tenants)
     host_bytes = int(_HOST_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

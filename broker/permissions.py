@@ -42,7 +42,7 @@ def _shared_kv_read(stream: str) -> list[str]:
     """Reading a shared KV bucket: gets, and consumers through the old-style create subject.
 
     Our clients make server-named ephemeral consumers there, but the old-style subject
-    carries any name in its payload: a user could create a named one (docs/operations.md).
+    carries any name in its payload: a user could create a named one (docs/operations/tenants.md).
     """
     return [
         f"{_API}.STREAM.INFO.{stream}",

@@ -57,7 +57,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tenants",
-        help="tenants file (TOML): run with auth on, one user per tenant (docs/operations.md)",
+        help=(
+            "tenants file (TOML): run with auth on, one user per tenant "
+            "(docs/operations/tenants.md)"
+        ),
     )
     p.add_argument(
         "--tls-cert",

@@ -7,7 +7,7 @@
 # removes it); each server's certificate names its service (NATS_NAME: nats1..3) for peers'
 # routes and clients in the project, and localhost and 127.0.0.1 for clients on the host
 # (nats1's client port is published there). Each allows server and client auth: a route peer
-# presents its certificate as a client's (docs/operations.md, TLS). openssl comes with the
+# presents its certificate as a client's (docs/operations/servers.md, TLS). openssl comes with the
 # image (Debian's ca-certificates depends on it).
 set -eu
 : "${NATS_NAME:?compose-tls: set NATS_NAME to the server's service name}"

@@ -1,4 +1,4 @@
-"""TLS between clients and servers, and between a cluster's servers (docs/operations.md, TLS).
+"""TLS between clients and servers, and between a cluster's servers (docs/operations/servers.md).
 
 Every certificate is made here: a CA, a server certificate for 127.0.0.1 and localhost
 (server and client auth: route peers present it as a client's), a client certificate, and

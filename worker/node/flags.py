@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-code",
         action="store_true",
         default=None,
-        help="run tenants' Python callables (code execution on this node: see operations.md)",
+        help=(
+            "run tenants' Python callables "
+            "(code execution on this node: see docs/operations/execution.md)"
+        ),
     )
     parser.add_argument(
         "--allow-shared-uid",

@@ -222,7 +222,7 @@ async def test_grants_stop_at_the_quota(agents: Any, fabrics: Any) -> None:
     await eventually(lambda: held_slices(alice, "alice") == first)
     again = await pool.acquire(32)
     # Then grants stop at the quota, plus at most what the other nodes granted in flight:
-    # the bound docs/operations.md states, (nodes asked - 1) x (room left under the quota)
+    # the bound docs/operations/tenants.md states, (nodes asked - 1) x (room left under the quota)
     assert quota <= first <= quota + (nodes - 1) * quota
     assert again == 0 and pool.denials >= 1
     await pool.release()
