@@ -40,7 +40,7 @@ def quiet_closing_noise() -> None:
     logging.getLogger("asyncio").addFilter(_DROP_CLOSING_NOISE)  # once, however often called
 
 
-# Why a client that must use TLS refused a server (broker/connection.py), and the sign of it
+# Why a client that must use TLS refused a server (broker/guarded.py), and the sign of it
 # among the errors of a failed connect.
 NOT_OFFERED = "the server does not ask for TLS"
 
