@@ -8,7 +8,6 @@ idle again (`vacate`): until then no other lease can be granted on that memory.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -16,7 +15,6 @@ from collections.abc import Iterable
 import attrs
 
 from vramfabric.broker.messages import (
-    GpuState,
     Lease,
     LeaseGrant,
     LeaseRequest,
@@ -28,6 +26,7 @@ from vramfabric.broker.messages import (
 
 from ..node.gpus import GpuSpec
 from ..node.health import GpuReading
+from .gpu_memory import GpuMemory
 
 
 @attrs.define
@@ -42,18 +41,13 @@ class SliceLedger:
     gpus: tuple[GpuSpec, ...]
     granule_bytes: int
     max_ttl_s: float = 3600.0
+    # The GPUs' VRAM: what leases hold of it, NVML's free figure, their health.
+    memory: GpuMemory = attrs.field(init=False)
     _leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
-    _used: dict[int, int] = attrs.field(factory=dict, init=False)
     # request_id -> (tenant, lease ids), so a retried request gets the same grant.
     _requests: dict[str, tuple[str, tuple[str, ...]]] = attrs.field(factory=dict, init=False)
     # request_id -> how many of its leases are still held (O(1) forgetting on release).
     _held_of_request: dict[str, int] = attrs.field(factory=dict, init=False)
-    # GPU index -> why it is unhealthy (absent: healthy).
-    _problems: dict[int, str] = attrs.field(factory=dict, init=False)
-    # GPU index -> (NVML's free memory at the last reading, bytes leased there then); absent
-    # when not measured (a simulated GPU). NVML cannot see a lease whose chunk has not yet
-    # allocated, so what was leased since the reading comes off its figure.
-    _device_free: dict[int, tuple[int, int]] = attrs.field(factory=dict, init=False)
     # (tenant, job) -> lease ids: pullers ask per job on every chunk, so this stays O(1).
     _by_job: dict[tuple[str, str], set[str]] = attrs.field(factory=dict, init=False)
     # Monotonic expiry and grant time per lease id.
@@ -64,10 +58,9 @@ class SliceLedger:
     # Leases whose slot runs a chunk now, and those of them already released or expired.
     _busy: set[str] = attrs.field(factory=set, init=False)
     _retiring: dict[str, Lease] = attrs.field(factory=dict, init=False)
-    _total_bytes: dict[int, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._total_bytes = {g.index: g.total_bytes for g in self.gpus}
+        self.memory = GpuMemory(self.gpus)
 
     def grant(
         self, req: LeaseRequest, tenant: str, now: float, wall: float | None = None
@@ -89,7 +82,7 @@ class SliceLedger:
         ttl_s = min(req.ttl_s, self.max_ttl_s)
         expires_at = (now if wall is None else wall) + ttl_s
         granted: list[Lease] = []
-        for gpu in self._spread(need, req.count):
+        for gpu in self.memory.spread(need, req.count):
             lease = Lease(
                 lease_id=f"{req.request_id}-{len(granted)}",
                 node=self.node,
@@ -104,7 +97,7 @@ class SliceLedger:
             self._granted[lease.lease_id] = now
             self._idle_since[lease.lease_id] = now
             self._by_job.setdefault((tenant, req.job), set()).add(lease.lease_id)
-            self._used[gpu] = self._used.get(gpu, 0) + need
+            self.memory.take(gpu, need)
             granted.append(lease)
         if not granted:
             return LeaseGrant(
@@ -114,30 +107,9 @@ class SliceLedger:
         self._held_of_request[req.request_id] = len(granted)
         return LeaseGrant(node=self.node, leases=tuple(granted))
 
-    def _spread(self, need: int, count: int) -> list[int]:
-        """The GPU of each of up to `count` new slices of `need` bytes: most free first."""
-        # Ties go to the lower index, so a fresh node's grants are deterministic.
-        heap = [(-self.free_bytes(g.index), g.index) for g in self.gpus]
-        heap = [(free, i) for free, i in heap if i not in self._problems and -free >= need]
-        heapq.heapify(heap)
-        out: list[int] = []
-        while heap and len(out) < count:
-            free, index = heap[0]
-            out.append(index)
-            if -free - need >= need:
-                heapq.heapreplace(heap, (free + need, index))
-            else:
-                heapq.heappop(heap)
-        return out
-
     def free_bytes(self, gpu: int) -> int:
         """VRAM a new lease could take on a GPU: the ledger's, capped at NVML's free."""
-        used = self._used.get(gpu, 0)
-        free = self._total_bytes[gpu] - used
-        if gpu not in self._device_free:
-            return free
-        device_free, used_then = self._device_free[gpu]
-        return max(0, min(free, device_free - max(0, used - used_then)))
+        return self.memory.free_bytes(gpu)
 
     def renew(
         self,
@@ -197,7 +169,7 @@ class SliceLedger:
             # Its slot still runs a chunk: the VRAM comes back when the slot is idle.
             self._retiring[lease.lease_id] = lease
         else:
-            self._used[lease.gpu] -= lease.slice_bytes
+            self.memory.give_back(lease.gpu, lease.slice_bytes)
         # Forget the request once all its leases are gone, so the map cannot grow forever.
         request_id = lease.lease_id.rsplit("-", 1)[0]
         held = self._held_of_request.get(request_id, 1) - 1
@@ -241,7 +213,7 @@ class SliceLedger:
             self._idle_since[lease_id] = time.monotonic()
         lease = self._retiring.pop(lease_id, None)
         if lease is not None:
-            self._used[lease.gpu] -= lease.slice_bytes
+            self.memory.give_back(lease.gpu, lease.slice_bytes)
 
     def holding(self) -> list[Lease]:
         """Every lease that holds VRAM: the live ones and those whose slot still runs."""
@@ -262,29 +234,20 @@ class SliceLedger:
         new chunk starts on it); a chunk running on it finishes and then frees its VRAM.
         """
         drained: list[Lease] = []
-        for r in readings:
-            if r.free_bytes is None:
-                self._device_free.pop(r.index, None)
-            else:
-                self._device_free[r.index] = (r.free_bytes, self._used.get(r.index, 0))
-            if not r.problem:
-                self._problems.pop(r.index, None)
-                continue
-            if r.index not in self._problems:
-                drained += [lease for lease in self._leases.values() if lease.gpu == r.index]
-            self._problems[r.index] = r.problem
+        for index in self.memory.observe(readings):
+            drained += [lease for lease in self._leases.values() if lease.gpu == index]
         for lease in drained:
             self._drop(lease)
         return drained
 
     def problem(self, gpu: int) -> str:
         """Why the GPU is unhealthy; empty when it is healthy (it then takes leases)."""
-        return self._problems.get(gpu, "")
+        return self.memory.problem(gpu)
 
     @property
     def leased_bytes(self) -> int:
         """VRAM held by leases over all GPUs."""
-        return sum(self._used.values())
+        return self.memory.leased_bytes
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -296,19 +259,7 @@ class SliceLedger:
         for lease in self.holding():
             tenants[lease.tenant] += lease.slice_bytes
             leases[lease.tenant] += 1
-        gpus = tuple(
-            GpuState(
-                index=g.index,
-                model=g.model,
-                total_bytes=g.total_bytes,
-                free_bytes=self.free_bytes(g.index),
-                leased_bytes=self._used.get(g.index, 0),
-                slice_bytes=self.granule_bytes,
-                healthy=g.index not in self._problems,
-                problem=self.problem(g.index),
-            )
-            for g in self.gpus
-        )
+        gpus = self.memory.states(self.granule_bytes)
         return NodeAdvert(
             node=self.node, gpus=gpus, tenants=dict(tenants), sent_at=now, leases=dict(leases)
         )
