@@ -37,7 +37,7 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.subjects import Subjects
 
-from ..executors.handle import SaveCheckpoint
+from ..executors.outcomes import SaveCheckpoint
 from ..node.metrics import WorkerMetrics
 from .runner import ChunkRunner
 from .work import refusal

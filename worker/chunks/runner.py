@@ -31,7 +31,7 @@ from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
 from ..executor.captured import carried
-from ..executors.handle import Bystander, Suspect
+from ..executors.outcomes import Bystander, Suspect
 from ..executors.pool import ExecutorPool
 from ..leases.ledger import SliceLedger
 from ..node.settings import WorkerSettings

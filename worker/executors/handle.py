@@ -3,7 +3,7 @@
 It starts `python -m vramfabric.worker.executor` for one GPU, writes frames to its stdin,
 reads frames from its stdout, resolves each running chunk's future from them, stores the
 checkpoints the chunks send, and fails every chunk still running when the process ends,
-whatever ended it.
+whatever ended it (what each learns: outcomes.py).
 """
 
 from __future__ import annotations
@@ -12,62 +12,29 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
+from vramfabric.broker.errors import ExecutorCrashed, VramfabricError
 
 from ..executor import ipc
 from ..executor.captured import attach, read_tail
 from ..node.gpus import GpuSpec
 from .containment import Sandbox
+from .layout import ExecKey
+from .outcomes import Bystander, Running, failure, judged
 from .process_group import FRAMES_AFTER_EXIT_S, GroupProcess, exit_reason
 from .start import start_executor
 
 log = logging.getLogger(__name__)
 
-# How the pool kills a process for one chunk's deadline: its other chunks are innocent.
-FOR_A_NEIGHBOUR = "executor killed: a chunk beside this one ran past its deadline"
-
-# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU); also
-# (gpu, "", "spare") for a GPU's spare and (gpu, tenant, "idle:<pid>") for a kept idle one.
-ExecKey = tuple[int, str, str]
 # A frame larger than this is written at once and its writer waits for the pipe to drain.
 _DRAIN_ABOVE_BYTES = 64 * 2**10
 # How long a killed executor may take to exit before the slot its work held is let go anyway
 # (SIGKILL ends a process at once unless it is stuck in the kernel, e.g. on a device).
 STOP_WAIT_S = 5.0
-SaveCheckpoint = Callable[[bytes], Awaitable[None]]
-
-
-class Bystander(ExecutorCrashed):
-    """The chunk's executor ended for another chunk's sake: run it again, it pays nothing.
-
-    Never leaves the worker (ChunkRunner re-runs the chunk), so it has no wire kind of its own.
-    """
-
-
-class Suspect(ExecutorCrashed):
-    """The chunk's executor crashed while other chunks ran there too: any of them may be why."""
-
-
-@attrs.define
-class Running:
-    """A chunk running in an executor: its output to come, and where its checkpoints go."""
-
-    future: asyncio.Future[bytes]
-    save: SaveCheckpoint | None
-    # Monotonic time past which the chunk is killed, and its deadline in seconds.
-    deadline: float = float("inf")
-    timeout_s: float = 0.0
-    # The seconds the work ran in its executor thread (no wait for the process to start or
-    # for the frame to be read): packing reads it.
-    cost_s: float = 0.0
-    # The process its lease's chunks belong in (worker/executors/layout.py); it may run in another
-    # lane of its tenant while that one is still starting (ExecutorPool).
-    home: ExecKey | None = None
 
 
 @attrs.define(eq=False)
@@ -233,7 +200,7 @@ class ExecutorProcess:
                 task.cost_s = float(frame.get("cost_s", 0.0))
                 task.future.set_result(bytes(frame["output"]))
             else:
-                error = _failure(frame)
+                error = failure(frame)
                 attach(error, str(frame.get("printed", "")), str(frame.get("traceback", "")))
                 self.culprit_known |= isinstance(error, ExecutorCrashed)
                 task.future.set_exception(error)
@@ -263,7 +230,7 @@ class ExecutorProcess:
         why = self.doom or f"executor process died ({exit_reason(code)}) while running this chunk"
         running = [task for task in self.tasks.values() if not task.future.done()]
         for task in running:
-            verdict = self._verdict(why, len(running))
+            verdict = judged(why, len(running), self.culprit_known, self.doom)
             # A bystander runs again; the others keep what the process printed last.
             task.future.set_exception(
                 verdict if isinstance(verdict, Bystander) else self.tailed(verdict)
@@ -282,24 +249,3 @@ class ExecutorProcess:
             with contextlib.suppress(OSError, ValueError):
                 attach(exc, read_tail(self.proc.capture.fileno()))
         return exc
-
-    def _verdict(self, why: str, running: int) -> ExecutorCrashed:
-        """What a chunk still running when the process ended learns, by who is to blame."""
-        if self.culprit_known or self.doom == FOR_A_NEIGHBOUR:
-            return Bystander(why)
-        if self.doom.startswith(("idle", "executor killed: the node")) or running == 1:
-            return ExecutorCrashed(why)
-        # Died on its own (or sent garbage) with several chunks in it: each is a suspect.
-        return Suspect(why)
-
-
-def _failure(frame: dict[str, Any]) -> VramfabricError:
-    """The error a `done` frame reports."""
-    message = str(frame.get("error", ""))
-    try:
-        kind = ErrorKind(frame.get("kind", ""))
-    except ValueError:
-        kind = ErrorKind.ERROR
-    if kind is ErrorKind.CRASHED:
-        return ExecutorCrashed(message)
-    return ChunkFailed(kind, message)

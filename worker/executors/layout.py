@@ -17,8 +17,9 @@ import attrs
 
 from vramfabric.broker.messages import Lease
 
-from .handle import ExecKey
-
+# (gpu, tenant, lease id or "" when the lease shares its tenant's process on that GPU); also
+# (gpu, "", "spare") for a GPU's spare and (gpu, tenant, "idle:<pid>") for a kept idle one.
+ExecKey = tuple[int, str, str]
 # Third key field of a lane: a process per lease of a tenant's Python function.
 LANE = "lane"
 # Third key field of a process that narrows crash suspects: one chunk, then it is stopped.

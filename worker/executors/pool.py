@@ -29,8 +29,9 @@ import attrs
 from vramfabric.broker.errors import ChunkTimeout
 from vramfabric.broker.messages import Lease
 
-from .handle import FOR_A_NEIGHBOUR, ExecKey, ExecutorProcess, Running, SaveCheckpoint
-from .layout import ALONE, LANE, alone_key
+from .handle import ExecutorProcess
+from .layout import ALONE, LANE, ExecKey, alone_key
+from .outcomes import FOR_A_NEIGHBOUR, Running, SaveCheckpoint
 from .supply import IDLE, SPARE, ExecutorSupply
 from .work import Work
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import attrs
 
-from .handle import ExecKey, ExecutorProcess
+from .handle import ExecutorProcess
+from .layout import ExecKey
 
 # A start waiting for room looks again this often even if nothing told it to.
 ROOM_POLL_S = 0.25

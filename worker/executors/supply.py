@@ -23,8 +23,8 @@ from vramfabric.kernels.prebuild import start_prebuild
 from ..node.gpus import GpuSpec
 from ..node.settings import WorkerSettings
 from .containment import Containment
-from .handle import ExecKey, ExecutorProcess
-from .layout import LANE, ExecutorLayout
+from .handle import ExecutorProcess
+from .layout import LANE, ExecKey, ExecutorLayout
 from .room import ExecutorRoom
 
 log = logging.getLogger(__name__)
