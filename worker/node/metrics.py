@@ -43,8 +43,13 @@ class WorkerMetrics:
     _tenants: set[str] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
-        """Create the metrics in this instance's registry."""
-        r = self.registry
+        """Create the metrics in this instance's registry (in this order, as exported)."""
+        self._make_holding(self.registry)
+        self._make_chunks(self.registry)
+        self._make_requests(self.registry)
+
+    def _make_holding(self, r: CollectorRegistry) -> None:
+        """What the node's leases hold, per tenant."""
         self.leases_active = Gauge(
             "gpu_leases_active",
             "Leases holding VRAM on this node (live, or released while their chunk finishes)",
@@ -54,6 +59,9 @@ class WorkerMetrics:
         self.vram_allocated_bytes = Gauge(
             "gpu_vram_allocated_bytes", "VRAM held by leases on this node", ["tenant"], registry=r
         )
+
+    def _make_chunks(self, r: CollectorRegistry) -> None:
+        """The chunk deliveries the node ran."""
         self.submit_total = Counter(
             "gpu_submit", "Chunk deliveries this node took to run", ["tenant"], registry=r
         )
@@ -76,6 +84,9 @@ class WorkerMetrics:
             ["tenant"],
             registry=r,
         )
+
+    def _make_requests(self, r: CollectorRegistry) -> None:
+        """The lease requests the node served, denied or took back, and bad payloads."""
         self.lease_requests_total = Counter(
             "gpu_lease_requests",
             "Lease requests served",
