@@ -1,11 +1,11 @@
 """A worker that says ready runs chunks at once, its executors still starting (issue 17).
 
 A simulated worker of this uid with no kernel modules says ready before its executors
-start (worker/executors/pool.py, `vouched`): spares come up in the background, one GPU at a time. A
-job sent the moment it is ready must still run every chunk, on every GPU, correctly. The
-node's prebuild of the built-in kernels (kernels/prebuild.py) runs once per worker process.
-`vramfabric up` forks its workers (fabric/forked.py): each is still a node of its own, and
-none outlives `up`.
+start (worker/executors/supply.py, `vouched`): spares come up in the background, one GPU at
+a time. A job sent the moment it is ready must still run every chunk, on every GPU,
+correctly. The node's prebuild of the built-in kernels (kernels/prebuild.py) runs once
+per worker process. `vramfabric up` forks its workers (fabric/forked.py): each is still a
+node of its own, and none outlives `up`.
 """
 
 from __future__ import annotations

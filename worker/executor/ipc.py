@@ -15,6 +15,8 @@ not unpickle anything such code could have written. Every frame is a map with an
 | | | unexpected exception, `traceback`; a pack's `output` is its outcomes (`pack_outcomes`) |
 | `checkpoint` | executor | `task`, `state` |
 | `checkpointed` | agent | `task`, `error` (None when stored) |
+| `lease_ended` | agent | `leases`: ids of leases that ended (on a GPU, their streams and |
+| | | memory pools go: lease_devices.py) |
 """
 
 from __future__ import annotations
