@@ -107,7 +107,7 @@ def jobs_stream_config(settings: BrokerSettings) -> StreamConfig:
     headers would let any of them purge every tenant's keys with one `Nats-Rollup: all`.
     Nothing purges this bucket through KV (`rm` uses the stream purge API as the operator).
     Per-message TTLs are on: a job's heartbeat key expires when its driver stops beating
-    (coordinator/driver.py).
+    (coordinator/jobs/driver.py).
     """
     s = settings.subjects
     bucket = s.jobs_bucket()

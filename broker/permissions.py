@@ -119,13 +119,13 @@ def tenant_permissions(s: Subjects, tenant: str) -> dict[str, object]:
         # nothing of anyone else's.
         *_stream_reads(s.kv_stream(s.jobs_bucket())),
         # A chunk that ran out of deliveries stays in the work queue until its coordinator
-        # deletes it (coordinator/exhausted.py).
+        # deletes it (coordinator/run/exhausted.py).
         f"{_API}.STREAM.MSG.DELETE.{s.work_stream(tenant)}",
         *fleet_reads(s, s.fleet_api()),  # imported from the fabric's account
         # nats-py's object-store get looks its stream up by subject.
         f"{_API}.STREAM.NAMES",
     ]
-    # A running job hears a `cancel` on its record's own subject (coordinator/record.py).
+    # A running job hears a `cancel` on its record's own subject (coordinator/jobs/record.py).
     subscribe = [f"{s.inbox_prefix(tenant)}.>", s.advert_filter(), s.job_records(tenant)]
     subscribe.append(s.call_printed_filter(tenant))  # imported: what its calls print
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}

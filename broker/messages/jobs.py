@@ -158,5 +158,5 @@ class JobRecord:
     # versions, and the largest count (10,000,000) while a streamed job's inputs last.
     n_chunks: int = attrs.field(default=0, validator=ge0)
     # The uploaded work the job runs (JobSpec.kernel_digest): blobs no record names are
-    # collected (coordinator/collect.py). Empty in records of older versions.
+    # collected (coordinator/jobs/collect.py). Empty in records of older versions.
     kernel_digest: str = ""

@@ -44,7 +44,7 @@ from .work import refusal
 
 log = logging.getLogger(__name__)
 
-# The stream a frame of printed text names in its first byte (coordinator/printed.py).
+# The stream a frame of printed text names in its first byte (coordinator/calls/printed.py).
 _STREAMS = {b"o": "stdout", b"e": "stderr"}
 
 

@@ -82,7 +82,7 @@ class LeaseKeeper:
         """End the `fabric.gpu()` leases whose slot ran no call for `gpu_idle_s`.
 
         An open block in a notebook nobody uses would hold its slice for ever; its next call
-        leases again (coordinator/interactive.py).
+        leases again (coordinator/calls/interactive.py).
         """
         if self.gpu_idle_s <= 0:
             return
