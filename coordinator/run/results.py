@@ -17,11 +17,9 @@ import attrs
 from nats.aio.msg import Msg
 from prometheus_client import Counter
 
-from vramfabric.broker.codec import decode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import ErrorKind, InvalidMessage, from_nats
+from vramfabric.broker.errors import InvalidMessage
 from vramfabric.broker.messages import ChunkResult, JobSpec
-from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.packs import PackResult
 from vramfabric.broker.settings import BrokerSettings
 
@@ -30,6 +28,7 @@ from ..jobs.job import Span
 from ..metrics import CoordinatorMetrics
 from .follow import Follower
 from .packing import ChunkSpeed
+from .result_msgs import decode_result, failed_results, fetch_output
 
 log = logging.getLogger(__name__)
 
@@ -131,16 +130,7 @@ class ResultsConsumer:
             msg.subject, spec.tenant, spec.job_id, spec.n_chunks
         )
         try:
-            if span is None:
-                raise InvalidMessage("result subject", f"{msg.subject!r} names no chunk of the job")
-            if msg.subject.count(".") == 5:  # `<first>.<last>`: a pack's
-                await self._on_pack(decode(PackResult, msg.data), span)
-                return
-            result = decode(ChunkResult, msg.data)
-            if result.job != spec.job_id or result.index != span[0]:
-                raise InvalidMessage(
-                    "ChunkResult", f"chunk {result.job}:{result.index} on subject {msg.subject}"
-                )
+            span, got = decode_result(msg, span, spec)
         except InvalidMessage as exc:
             self.invalid += 1
             self.metrics.invalid("result")
@@ -149,30 +139,18 @@ class ResultsConsumer:
                 return  # dropped: it holds no chunk's place, so the job runs on
             # The stream keeps only the first result of a subject, so a bad one blocks the
             # real one: record its chunks as failed with the reason, rather than wait forever.
-            for index in range(span[0], span[1] + 1):
-                self.add(
-                    ChunkResult(
-                        job=self.spec.job_id,
-                        index=index,
-                        ok=False,
-                        error_kind=ErrorKind.INVALID_MESSAGE,
-                        error=str(exc),
-                    ),
-                    span if span[1] > span[0] else None,
-                )
+            for failed in failed_results(spec.job_id, span, exc):
+                self.add(failed, span if span[1] > span[0] else None)
             return
-        if result.ok:  # a chunk that failed at once says nothing of how long the others run
-            self.speed.observe(result.cost_s or result.elapsed_s)
-        if result.ok and result.output_ref is not None:
-            result = await self._fetch_output(result)
-        self.add(result)
+        if isinstance(got, PackResult):
+            await self._on_pack(got, span)
+            return
+        if got.ok:  # a chunk that failed at once says nothing of how long the others run
+            self.speed.observe(got.cost_s or got.elapsed_s)
+        self.add(await self._with_output(got))
 
     async def _on_pack(self, pack: PackResult, span: Span) -> None:
-        """Fold each chunk of a pack's result (InvalidMessage if it is not the subject's)."""
-        if pack.job != self.spec.job_id or (pack.first, pack.last) != span:
-            raise InvalidMessage(
-                "PackResult", f"chunks {pack.job}:{pack.first}-{pack.last} on another subject"
-            )
+        """Fold each chunk of a pack's result."""
         if any(out is not None for out in pack.outputs):
             self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
         # Counted (metrics, progress) once for the pack: per chunk it was a tenth of the
@@ -184,29 +162,13 @@ class ResultsConsumer:
         if folded:
             self._counted(pack.attempt, folded)
         for result in pack.others:
-            if result.ok and result.output_ref is not None:
-                result = await self._fetch_output(result)
-            self.add(result, span)
+            self.add(await self._with_output(result), span)
 
-    async def _fetch_output(self, result: ChunkResult) -> ChunkResult:
-        """The result with its output read from the outputs store (or failed, naming why)."""
-        bucket = self.broker.subjects.outputs_store(self.spec.tenant)
-        try:
-            got = await read_written_object(
-                self.conn.js, self.broker.call_retry, bucket, str(result.output_ref)
-            )
-            if got is None:
-                raise InvalidMessage("output", f"no object {result.output_ref} in {bucket}")
-        except Exception as exc:  # recorded: the chunk's result becomes a failed one, logged
-            err = from_nats(exc)
-            log.warning("output unreadable job=%s index=%d error=%s", result.job, result.index, err)
-            return attrs.evolve(
-                result,
-                ok=False,
-                error_kind=ErrorKind.INVALID_MESSAGE,
-                error=f"output {result.output_ref} not readable from the outputs store: {err}",
-            )
-        return attrs.evolve(result, output=got)
+    async def _with_output(self, result: ChunkResult) -> ChunkResult:
+        """The result, its output read from the outputs store if it was put there."""
+        if not result.ok or result.output_ref is None:
+            return result
+        return await fetch_output(self.conn, self.broker, self.spec.tenant, result)
 
     def add(self, result: ChunkResult, pack: Span | None = None) -> None:
         """Fold one result in (from the pack `pack`, if any), unless its chunk has one."""
