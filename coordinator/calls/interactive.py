@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,13 +27,11 @@ import attrs
 
 from vramfabric.broker.calls import MAX_CALL_BYTES, CallReply, CallRequest
 from vramfabric.broker.errors import (
-    CapacityExceeded,
     ChunkFailed,
     ChunkTimeout,
     CodeRefused,
     ErrorKind,
     LeaseExpired,
-    SliceTooLarge,
 )
 from vramfabric.broker.messages import Lease
 from vramfabric.broker.settings import parse_size
@@ -51,6 +48,7 @@ from .calling import (
     upload_work,
 )
 from .remote import apply, call_input, outcome
+from .slice_wait import SliceWait, wait_for_slice
 
 if TYPE_CHECKING:
     from ..run.runner import Runner
@@ -61,8 +59,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CALL_TIMEOUT_S = 3600.0
 # The reply may come this much after the call's deadline (the node's kill and answer).
 _REPLY_MARGIN_S = 5.0
-# How often a wait for a slice asks the fleet again, at the most.
-_ASK_EVERY_S = 1.0
 
 
 def to_stderr(line: str) -> None:
@@ -208,65 +204,18 @@ class GpuSession:
             SliceTooLarge: no GPU of those workers is as large as the slice.
             CapacityExceeded: no slice was free within `wait_s`.
         """
-        runs = [a for a in self.runner.fleet.adverts.values() if self.work.runs_on(a)]
-        if not runs:
-            raise CodeRefused(
-                f"no live worker runs Python functions on Python {self.work.python} "
-                f"(of {len(self.runner.fleet.adverts)} live: start workers with --allow-code)"
-            )
-        self._check_fits(runs)
-        t0 = time.monotonic()
-        shown = ""
-        try:
-            while not await self.pool.acquire(1):
-                left = None if self.wait_s is None else t0 + self.wait_s - time.monotonic()
-                if left is not None and left <= 0:
-                    raise CapacityExceeded(wanted=1, got=0)
-                line = self._waiting_line(again)
-                if line != shown:
-                    self.say(f"\r{line}")
-                    shown = line
-                step = _ASK_EVERY_S if left is None else min(left, _ASK_EVERY_S)
-                await self.runner.fleet.wait_changed(timeout_s=step)
-        finally:
-            if shown:
-                waited_s = time.monotonic() - t0
-                got = "got a slice" if self.pool.leases else "no slice"
-                self.say(f"\r{shown} ... {got} after {waited_s:.1f} s\n")
+        await wait_for_slice(
+            self.pool, self.runner.fleet, self.work, SliceWait(self.wait_s, self.say, again)
+        )
         self.lease = next(iter(self.pool.leases.values()))
         if not again:
             self.pool.start_renewing()
-
-    def _waiting_line(self, again: bool) -> str:
-        """What a person sees while the block waits for a slice."""
-        what = "the slice was taken back; waiting for another" if again else "waiting for a slice"
-        ahead = self.pool.ahead
-        queue = "the fleet is full" if ahead is None else f"{ahead} tenant(s) ahead"
-        until = "Ctrl-C to stop" if self.wait_s is None else f"up to {self.wait_s:g} s"
-        return f"vramfabric: {what} of {_gib(self.pool.settings.slice_bytes)} ({queue}; {until})"
-
-    def _check_fits(self, runs: list[Any]) -> None:
-        """Fail at once where no GPU of the workers that run the call holds the slice."""
-        need = self.pool.settings.slice_bytes
-        gpus = [(g.total_bytes, a.node) for a in runs for g in a.gpus]
-        if not gpus:
-            return
-        largest, node = max(gpus)
-        if need > largest:
-            raise SliceTooLarge(
-                f"no GPU in the fleet holds a slice of {_gib(need)}: the largest slice it "
-                f"has is {_gib(largest)} (a whole GPU of node {node})"
-            )
 
     async def release(self) -> None:
         """Give the slice back (shielded: an interrupted block still releases it)."""
         self.ended = True
         await asyncio.shield(self.pool.release())
         await self.printer.close()
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB"
 
 
 def _error_of(reply: CallReply, lease: Lease, timeout_s: float) -> Exception:
