@@ -27,7 +27,7 @@ from vramfabric.broker import BrokerSettings, topology
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.server import NatsServer
 from vramfabric.coordinator import CoordinatorSettings, Fabric
-from vramfabric.coordinator.jobs.job import publish_spec
+from vramfabric.coordinator.jobs.publish import publish_spec
 from vramfabric.coordinator.leases.leasing import LeasePool
 
 SLICE_BYTES = 512 * 2**20

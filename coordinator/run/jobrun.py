@@ -24,7 +24,8 @@ from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
 from ..aggregate import Aggregator
-from ..jobs.job import Job, publish_spec
+from ..jobs.job import Job
+from ..jobs.publish import publish_spec
 from ..jobs.record import RunRecord
 from ..jobs.requeue import queued_chunks
 from ..jobs.stored import finished_chunks

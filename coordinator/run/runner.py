@@ -25,7 +25,8 @@ from vramfabric.broker.settings import BrokerSettings
 
 from ..aggregate import Aggregator, bind_dtype
 from ..jobs.collect import housekeep
-from ..jobs.job import Job, publish_spec
+from ..jobs.job import Job
+from ..jobs.publish import publish_spec
 from ..jobs.work import JobWork, upload
 from ..leases.fleet import FleetView
 from ..leases.leasing import LeasePool

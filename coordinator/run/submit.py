@@ -23,7 +23,8 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from ..jobs.job import PUBLISH_ACK_WAIT_S, InputsDigest, Job, submit_chunks
+from ..jobs.job import InputsDigest, Job
+from ..jobs.publish import PUBLISH_ACK_WAIT_S, submit_chunks
 from .packing import PROBE_WAIT_S, Packer
 from .results import ResultsConsumer
 

@@ -18,7 +18,7 @@ from tests.helpers import eventually
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings, NatsServer, connect, topology
 from vramfabric.coordinator import CoordinatorSettings, Job
-from vramfabric.coordinator.jobs.job import submit_chunks
+from vramfabric.coordinator.jobs.publish import submit_chunks
 from vramfabric.worker.__main__ import connect_patiently
 
 pytestmark = pytest.mark.timeout(90)
