@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
-from vramfabric.broker.codec import RemoteError, decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, TransientError
 from vramfabric.broker.messages import (
     MAX_LEASE_IDS,
     Lease,
@@ -40,15 +38,11 @@ from vramfabric.broker.settings import BrokerSettings
 from ..metrics import CoordinatorMetrics
 from ..settings import CoordinatorSettings
 from .fleet import FleetView
+from .node_calls import NodeLine, call_node, call_nodes
 from .placement import plan
 
 log = logging.getLogger(__name__)
 
-# Renew/release requests in flight at once over all nodes, and to any one node. A node serves
-# one tenant's requests one at a time (and refuses more than a few dozen queued as busy), so
-# a second batch in flight to it would only wait in its queue while its request timeout runs.
-_MAX_IN_FLIGHT = 16
-_MAX_IN_FLIGHT_PER_NODE = 1
 # A pool that finds the fleet full asks one node anyway, at most this often: the denial
 # tells the nodes this tenant is waiting, which is what makes them free its fair share.
 _KNOCK_GAP_S = 0.5
@@ -274,34 +268,10 @@ class LeasePool:
     async def _call_all(
         self, op: str, requests: Sequence[tuple[str, object]], reply_type: type
     ) -> list[object]:
-        """Send every (node, request) with bounded concurrency; replies in the order given."""
-        gate = asyncio.Semaphore(_MAX_IN_FLIGHT)
-        node_gates = {node: asyncio.Semaphore(_MAX_IN_FLIGHT_PER_NODE) for node, _ in requests}
-
-        async def one(node: str, req: object) -> object:
-            # The node's gate first, so a batch queued behind its node holds no global slot.
-            async with node_gates[node], gate:
-                return await self._call(node, op, req, reply_type)
-
-        return await asyncio.gather(*(one(node, req) for node, req in requests))
+        return await call_nodes(self._nodes(), op, requests, reply_type)
 
     async def _call(self, node: str, op: str, req: object, reply_type: type) -> object:
-        """The node's decoded reply, or None (logged) if it failed or refused.
+        return await call_node(self._nodes(), node, op, req, reply_type)
 
-        Transient failures are retried within one request timeout (a node that has just
-        started can be briefly unknown to the server); a node that stays silent is left to
-        the next round. A permission error or a bug surfaces.
-        """
-        subject = self.broker.subjects.lease(self.settings.tenant, node, op)
-        data = encode(req)
-
-        async def ask() -> object:
-            reply = await self.conn.nc.request(subject, data, timeout=self.broker.request_timeout_s)
-            return decode(reply_type, reply.data)
-
-        policy = self.broker.call_retry.within(self.broker.request_timeout_s)
-        try:
-            return await policy.call(ask, what=f"lease {op} node={node}")
-        except (TransientError, RemoteError, InvalidMessage) as exc:
-            log.warning("lease %s failed node=%s error=%s", op, node, exc)
-        return None
+    def _nodes(self) -> NodeLine:
+        return NodeLine(self.conn, self.broker, self.settings.tenant)
