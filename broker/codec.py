@@ -29,7 +29,11 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
 class RemoteError(VramfabricError):
-    """A peer answered a request with an ErrorReply."""
+    """A peer's failure it could not send as itself: an ErrorReply, or a call's unpicklable raise.
+
+    The one RemoteError: a request answered with an ErrorReply raises it (`decode`), and so
+    does an interactive call whose exception did not travel back (coordinator/calls/remote.py).
+    """
 
     def __init__(self, kind: ErrorKind, error: str) -> None:
         super().__init__(f"{kind.value}: {error}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -58,19 +59,33 @@ class CoordinatorSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoordinatorSettings:
         """Build settings from `VRAMFABRIC_*` variables; absent ones keep their defaults."""
+        fields = attrs.fields_dict(cls)
         return cls(
-            tenant=environ.get("VRAMFABRIC_TENANT") or "default",
-            slice_bytes=env_size(environ, "VRAMFABRIC_SLICE_BYTES", 512 * 2**20),
-            lease_ttl_s=env_float(environ, "VRAMFABRIC_LEASE_TTL_S", 30.0),
-            placement=environ.get("VRAMFABRIC_PLACEMENT") or "spread",
-            max_slices=env_int(environ, "VRAMFABRIC_MAX_SLICES", 1000),
-            ack_wait_s=env_float(environ, "VRAMFABRIC_ACK_WAIT_S", 30.0),
-            metrics_addr=environ.get("VRAMFABRIC_METRICS_ADDR") or "127.0.0.1",
-            job_retention_s=env_float(
-                environ, "VRAMFABRIC_JOB_RETENTION_S", DEFAULT_JOB_RETENTION_S
-            ),
-            submit_window=env_int(environ, "VRAMFABRIC_SUBMIT_WINDOW", 10_000),
-            submit_window_bytes=env_size(environ, "VRAMFABRIC_SUBMIT_WINDOW_BYTES", 256 * 2**20),
-            follow_stall_s=env_float(environ, "VRAMFABRIC_FOLLOW_STALL_S", 10.0),
-            chunks_per_message=env_int(environ, "VRAMFABRIC_CHUNKS_PER_MESSAGE", 0),
+            **{
+                name: read(environ, variable, fields[name].default)
+                for name, (variable, read) in _FROM_ENV.items()
+            }
         )
+
+
+def _env_str(environ: Mapping[str, str], name: str, default: str) -> str:
+    """A string variable; absent or empty keeps the default."""
+    return environ.get(name) or default
+
+
+# Each setting read from the environment: its variable and how it is read. The defaults are
+# the fields' own (written once, above).
+_FROM_ENV: dict[str, tuple[str, Callable[[Mapping[str, str], str, Any], Any]]] = {
+    "tenant": ("VRAMFABRIC_TENANT", _env_str),
+    "slice_bytes": ("VRAMFABRIC_SLICE_BYTES", env_size),
+    "lease_ttl_s": ("VRAMFABRIC_LEASE_TTL_S", env_float),
+    "placement": ("VRAMFABRIC_PLACEMENT", _env_str),
+    "max_slices": ("VRAMFABRIC_MAX_SLICES", env_int),
+    "ack_wait_s": ("VRAMFABRIC_ACK_WAIT_S", env_float),
+    "metrics_addr": ("VRAMFABRIC_METRICS_ADDR", _env_str),
+    "job_retention_s": ("VRAMFABRIC_JOB_RETENTION_S", env_float),
+    "submit_window": ("VRAMFABRIC_SUBMIT_WINDOW", env_int),
+    "submit_window_bytes": ("VRAMFABRIC_SUBMIT_WINDOW_BYTES", env_size),
+    "follow_stall_s": ("VRAMFABRIC_FOLLOW_STALL_S", env_float),
+    "chunks_per_message": ("VRAMFABRIC_CHUNKS_PER_MESSAGE", env_int),
+}

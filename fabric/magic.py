@@ -227,9 +227,9 @@ def _options(line: str, usage: type[Exception]) -> tuple[str | None, float | Non
 
 
 def _raise(sent: bytes, text: str) -> None:
-    from vramfabric.coordinator.calls.remote import RemoteError, RemoteTraceback
+    from vramfabric.coordinator.calls.remote import RemoteTraceback, unsent
 
-    exc = pickle.loads(sent) if sent else RemoteError(text.strip().splitlines()[-1])
+    exc = pickle.loads(sent) if sent else unsent(text.strip().splitlines()[-1])
     raise exc from RemoteTraceback(text)
 
 

@@ -161,10 +161,10 @@ class JobHandle:
         t0 = time.perf_counter()
         total = None if spec.n_chunks == UNKNOWN_CHUNKS else spec.n_chunks
         results = ResultsConsumer(
-            conn,
-            broker,
-            spec,
-            aggregator,
+            conn=conn,
+            broker=broker,
+            spec=spec,
+            aggregator=aggregator,
             metrics=self.runner.metrics,
             total=total,
             stall_s=self.runner.settings.follow_stall_s,

@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import cloudpickle
 
+from vramfabric.broker.codec import RemoteError
+from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels.by_value import dumps_by_value
 from vramfabric.kernels.code import Context, wants_context
 
@@ -35,8 +37,12 @@ class RemoteTraceback(Exception):
         return f'\n"""\nTraceback on the node:\n{self.text}"""'
 
 
-class RemoteError(Exception):
-    """An exception raised on the node that could not be sent back as itself."""
+def unsent(summary: str) -> RemoteError:
+    """What is raised in place of an exception that could not be sent back as itself.
+
+    `summary` is its "Type: message" line; the broker's one RemoteError carries it.
+    """
+    return RemoteError(ErrorKind.ERROR, summary)
 
 
 def call_input(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -92,5 +98,5 @@ def outcome(data: bytes) -> Any:
     if body[0] == "ok":
         return body[1]
     _, sent, text, summary = body
-    exc = pickle.loads(sent) if sent else RemoteError(summary)
+    exc = pickle.loads(sent) if sent else unsent(summary)
     raise exc from RemoteTraceback(text)

@@ -84,12 +84,12 @@ class JobRun:
         """Build the run's parts; nothing talks to the server until `start`."""
         self.window = Window(self.settings.submit_window, self.settings.submit_window_bytes)
         self.results = ResultsConsumer(
-            self.conn,
-            self.broker,
-            self.spec,
-            self.aggregator,
-            self.progress,
-            self.metrics,
+            conn=self.conn,
+            broker=self.broker,
+            spec=self.spec,
+            aggregator=self.aggregator,
+            on_progress=self.progress,
+            metrics=self.metrics,
             total=None if self.job.streamed else self.spec.n_chunks,
             on_result=self.window.finished,
             stall_s=self.settings.follow_stall_s,
@@ -97,12 +97,12 @@ class JobRun:
         )
         self.packer = Packer(self._chunks_per_message(), self.results.speed, self._packable)
         self.growth = LeaseGrowth(
-            self.pool,
-            self.fleet,
-            self.results,
-            self.packer,
-            self.broker.node_ttl_s,
-            self.spec.job_id,
+            pool=self.pool,
+            fleet=self.fleet,
+            results=self.results,
+            packer=self.packer,
+            node_ttl_s=self.broker.node_ttl_s,
+            job_id=self.spec.job_id,
         )
         self.exhausted = ExhaustedWatcher(self.conn, self.broker, self.spec)
         self.record = RunRecord(self.conn, self.broker, self.spec)
@@ -156,19 +156,19 @@ class JobRun:
         left = None if self.job.streamed else self.spec.n_chunks - len(done)
         target = min(slices or self.settings.max_slices, left or self.settings.max_slices)
         submission = Submission(
-            self.conn,
-            self.broker,
-            self.spec,
-            self.job,
-            self.window,
-            self.results,
-            done,
-            retried,
-            self.queued,
-            self.job.input_limit(self.settings),
-            lambda: self._lease(target, min_slices),
-            self.packer,
-            lambda: len(self.pool),
+            conn=self.conn,
+            broker=self.broker,
+            spec=self.spec,
+            job=self.job,
+            window=self.window,
+            results=self.results,
+            done=done,
+            retried=retried,
+            queued=self.queued,
+            limit=self.job.input_limit(self.settings),
+            before_first=lambda: self._lease(target, min_slices),
+            packer=self.packer,
+            leases=lambda: len(self.pool),
             rerun=uuid.uuid4().hex[:8] if retried else "",
         )
         submit = asyncio.ensure_future(self._submit(submission))
