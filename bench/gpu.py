@@ -104,17 +104,21 @@ def overhead(cupy: ModuleType, kernel: Any, loops: int, chunks: int) -> dict[str
     """Per chunk: the executor's GPU path with a cached module, against the bare kernel."""
     from vramfabric.kernels import builtin_registry
     from vramfabric.kernels.code import Context
+    from vramfabric.worker.executor import ipc
     from vramfabric.worker.executor.work_runner import WorkRunner
 
     runner = WorkRunner(builtin_registry(), simulated=False)
     runner.add_blob(kernel.digest, kernel.to_blob())
-    frame = {
-        "kind": "cuda",
-        "digest": kernel.digest,
-        "input": struct.pack("<Q", loops),
-        "slice_bytes": SLICE_BYTES,
-        "lease": "bench",
-    }
+    frame = ipc.Run(
+        kind="cuda",
+        digest=kernel.digest,
+        input=struct.pack("<Q", loops),
+        slice_bytes=SLICE_BYTES,
+        lease="bench",
+        job="bench",
+        index=0,
+        attempt=1,
+    )
     ctx = Context(device=0, slice_bytes=SLICE_BYTES, xp=cupy, attempt=1, job="bench", index=0)
     runner.execute(frame, ctx)  # the module's compile, the lease's stream and pool
     t0 = time.perf_counter()

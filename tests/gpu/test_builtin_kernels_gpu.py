@@ -24,6 +24,7 @@ from vramfabric.kernels import (
     tiles,
 )
 from vramfabric.kernels.code import Context
+from vramfabric.worker.executor import ipc
 from vramfabric.worker.executor.work_runner import WorkRunner
 
 RNG_SEED = 1616
@@ -130,15 +131,17 @@ def test_an_executor_runs_the_registered_hyperparam_kernel_from_its_cuda_source(
     ctx = Context(device=0, slice_bytes=2**30, xp=cupy, attempt=1, job="j", index=0)
     for config in hyperparam.search_space(1000)[990:]:
         data = hyperparam.encode_config(*config)
-        frame = {
-            "kind": "builtin",
-            "name": kernel.name,
-            "digest": kernel.digest,
-            "input": data,
-            "args": {},
-            "slice_bytes": 2**30,
-            "lease": "lease-1",
-        }
+        frame = ipc.Run(
+            kind="builtin",
+            name=kernel.name,
+            digest=kernel.digest,
+            input=data,
+            slice_bytes=2**30,
+            lease="lease-1",
+            job="j",
+            index=0,
+            attempt=1,
+        )
         # When it runs a chunk, Then hyperparam.cu (compiled once) gives the reference's loss
         out = np.frombuffer(runner.execute(frame, ctx), np.float32)
         np.testing.assert_allclose(

@@ -15,6 +15,7 @@ import pytest
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels import builtin_registry
 from vramfabric.kernels.code import Context, PythonCode, encode_input
+from vramfabric.worker.executor import ipc
 from vramfabric.worker.executor.work_runner import Failure, WorkRunner
 
 MIB = 2**20
@@ -36,13 +37,16 @@ def runner() -> tuple[WorkRunner, PythonCode]:
 
 
 def run(cupy: ModuleType, runner: WorkRunner, code: PythonCode, lease: str, n_bytes: int) -> bytes:
-    frame = {
-        "kind": "python",
-        "digest": code.digest,
-        "input": encode_input(n_bytes),
-        "slice_bytes": SLICE_BYTES,
-        "lease": lease,
-    }
+    frame = ipc.Run(
+        kind="python",
+        digest=code.digest,
+        input=encode_input(n_bytes),
+        slice_bytes=SLICE_BYTES,
+        lease=lease,
+        job="j",
+        index=0,
+        attempt=1,
+    )
     ctx = Context(device=0, slice_bytes=SLICE_BYTES, xp=cupy, attempt=1, job="j", index=0)
     return runner.execute(frame, ctx)
 

@@ -20,9 +20,10 @@ def index_or_fail(x: int, ctx: Context) -> tuple[int, int, str]:
     return x * 10, ctx.index, ctx.job
 
 
-def _outcomes(executor: Executor, frame: dict[str, Any]) -> list[tuple[Any, ...]]:
+def _outcomes(executor: Executor, frame: ipc.Run) -> list[tuple[Any, ...]]:
     """What the agent reads back from a pack's frame: one outcome per chunk."""
-    return [tuple(o) for o in ipc.unpack_outcomes(executor._run_pack(frame), len(frame["inputs"]))]
+    n_chunks = len(frame.inputs or ())
+    return [tuple(o) for o in ipc.unpack_outcomes(executor._run_pack(frame), n_chunks)]
 
 
 def _executor() -> Executor:
@@ -30,22 +31,19 @@ def _executor() -> Executor:
     return Executor(args, io.BytesIO())
 
 
-def _frame(digest: str, inputs: list[bytes], first: int = 40) -> dict[str, Any]:
-    return {
-        "op": "run",
-        "task": 1,
-        "kind": "python",
-        "name": "fn",
-        "digest": digest,
-        "args": {},
-        "inputs": inputs,
-        "index": first,
-        "attempt": 1,
-        "job": "jobp",
-        "resumed": None,
-        "slice_bytes": 2**20,
-        "lease": "l1",
-    }
+def _frame(digest: str, inputs: list[bytes], first: int = 40) -> ipc.Run:
+    return ipc.Run(
+        task=1,
+        kind="python",
+        name="fn",
+        digest=digest,
+        inputs=tuple(inputs),
+        index=first,
+        attempt=1,
+        job="jobp",
+        slice_bytes=2**20,
+        lease="l1",
+    )
 
 
 def test_each_packed_chunk_gets_its_own_output_context_and_failure() -> None:

@@ -29,6 +29,7 @@ from vramfabric.kernels.code import Context
 from vramfabric.kernels.host_cache import UNUSED_S, HostCache
 from vramfabric.kernels.prebuild import prebuild
 from vramfabric.kernels.settings import CudaSettings
+from vramfabric.worker.executor import ipc
 from vramfabric.worker.executor.work_runner import Failure, WorkRunner
 
 RNG_SEED = 1616
@@ -37,14 +38,16 @@ HYPERPARAM_RTOL = 2e-6  # the host path's float32 sums run in another order than
 
 def run_builtin(runner: WorkRunner, kernel: Kernel, data: bytes) -> bytes:
     """What an executor does with one `run` frame of a registered kernel."""
-    frame = {
-        "kind": "builtin",
-        "name": kernel.name,
-        "digest": kernel.digest,
-        "input": data,
-        "args": {},
-        "slice_bytes": 2**30,
-    }
+    frame = ipc.Run(
+        kind="builtin",
+        name=kernel.name,
+        digest=kernel.digest,
+        input=data,
+        slice_bytes=2**30,
+        job="j",
+        index=0,
+        attempt=1,
+    )
     ctx = Context(device=None, slice_bytes=2**30, xp=np, attempt=1, job="j", index=0)
     return runner.execute(frame, ctx)
 

@@ -19,7 +19,6 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import attrs
 from nats.aio.msg import Msg
@@ -37,6 +36,7 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import JobSpec, Lease
 from vramfabric.broker.subjects import Subjects
 
+from ..executor import ipc
 from ..executors.outcomes import SaveCheckpoint
 from ..node.metrics import WorkerMetrics
 from .runner import ChunkRunner
@@ -190,14 +190,7 @@ class CallService:
     ) -> bytes:
         runner = self.runner
         work = await runner.loader.work_of(spec)
-        frame: dict[str, Any] = {
-            "args": {},
-            "input": req.input,
-            "attempt": 1,
-            "job": lease.job,
-            "index": 0,
-            "resumed": None,
-        }
+        frame = ipc.Run(input=req.input, attempt=1, job=lease.job, index=0)
         runner.ledger.occupy(lease.lease_id)
         try:
             output, _cost_s = await runner.pool.run(lease, work, frame, req.timeout_s, printer)

@@ -132,14 +132,13 @@ class PackRunner:
     ) -> tuple[list[bytes | ChunkResult], float]:
         """Each chunk's output, or its failed result; and what the pack cost."""
         work = await self.runner.loader.work_of(spec)
-        frame = {
-            "args": dict(spec.args),
-            "inputs": list(pack.inputs),
-            "attempt": attempt,
-            "job": spec.job_id,
-            "index": pack.first,
-            "resumed": None,
-        }
+        frame = ipc.Run(
+            args=dict(spec.args),
+            inputs=tuple(pack.inputs),
+            attempt=attempt,
+            job=spec.job_id,
+            index=pack.first,
+        )
         timeout_s = spec.timeout_s or self.runner.settings.chunk_timeout_s
         try:
             packed, cost_s = await self.runner.pool.run(lease, work, frame, timeout_s)

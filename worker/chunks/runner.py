@@ -30,6 +30,7 @@ from vramfabric.broker.errors import (
 from vramfabric.broker.messages import Chunk, ChunkResult, JobSpec, Lease
 from vramfabric.broker.tenants import TenantPolicy
 
+from ..executor import ipc
 from ..executor.captured import carried
 from ..executors.outcomes import Bystander, Suspect
 from ..executors.pool import ExecutorPool
@@ -113,14 +114,14 @@ class ChunkRunner:
         """The chunk's output and what it cost (see `ExecutorPool.run`)."""
         key = (spec.tenant, spec.job_id, chunk.index)
         work = await self.loader.work_of(spec)
-        frame = {
-            "args": dict(spec.args),
-            "input": chunk.input,
-            "attempt": attempt,
-            "job": spec.job_id,
-            "index": chunk.index,
-            "resumed": await self._resumed(spec, key) if attempt > 1 else None,
-        }
+        frame = ipc.Run(
+            args=dict(spec.args),
+            input=chunk.input,
+            attempt=attempt,
+            job=spec.job_id,
+            index=chunk.index,
+            resumed=await self._resumed(spec, key) if attempt > 1 else None,
+        )
 
         async def save(state: bytes) -> None:
             await self.store.save_checkpoint(*key, state)
@@ -143,7 +144,7 @@ class ChunkRunner:
                     self._suspects.popitem(last=False)
                 raise
             if key in self._checkpointed:  # it may have checkpointed before it was stopped
-                frame["resumed"] = await self._resumed(spec, key)
+                frame = attrs.evolve(frame, resumed=await self._resumed(spec, key))
         raise ExecutorCrashed(f"executor ended under this chunk {MAX_RERUNS + 1} times")
 
     async def _resumed(self, spec: JobSpec, key: tuple[str, str, int]) -> bytes | None:

@@ -8,8 +8,6 @@ marking each chunk's start would cost a tiny chunk more than its own work.
 
 from __future__ import annotations
 
-from typing import Any
-
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels.code import Context
 
@@ -22,14 +20,12 @@ from .work_runner import Failure, WorkRunner, full_traceback, is_cuda_error, sum
 PACK_TAIL_BYTES, PACK_TAIL_MIN_BYTES = 2**20, 4 * 2**10
 
 
-def run_pack(
-    runner: WorkRunner, captured: Captured, frame: dict[str, Any], printed_from: int
-) -> bytes:
+def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_from: int) -> bytes:
     """Run a pack frame's chunks one after another; their outcomes, each its own.
 
     A CUDA error is raised (the whole process is suspect: the caller reports it and exits).
     """
-    inputs = frame["inputs"]
+    inputs = frame.inputs or ()
     tail_bytes = max(PACK_TAIL_MIN_BYTES, min(TAIL_BYTES, PACK_TAIL_BYTES // len(inputs)))
     try:
         run = runner.bind(frame)
@@ -37,10 +33,10 @@ def run_pack(
         if is_cuda_error(exc):
             raise
         return ipc.pack_outcomes([failed(exc)] * len(inputs))
-    gpu, xp, slice_bytes = runner.gpu, runner.xp, frame["slice_bytes"]
-    attempt, job = frame["attempt"], frame["job"]
+    gpu, xp, slice_bytes = runner.gpu, runner.xp, frame.slice_bytes
+    attempt, job = frame.attempt, frame.job
     outcomes: list[ipc.Outcome] = []
-    for index, data in enumerate(inputs, frame["index"]):
+    for index, data in enumerate(inputs, frame.index):
         # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
         # are not kept (one KV write per tiny chunk would cost more than the chunk).
         ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)

@@ -16,7 +16,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels import builtin_registry
@@ -75,14 +75,14 @@ class Executor:
         )
         _prestart(self._pool, min(args.slots, PRESTART_THREADS))
 
-    def send(self, frame: dict[str, Any]) -> None:
+    def send(self, frame: ipc.Frame) -> None:
         """Write one frame to the agent (from any thread).
 
         Frames of chunks that end together go out in one write: the thread that finds no
         write in progress writes everything queued meanwhile, so a burst of short chunks
         costs a few system calls, not one per chunk.
         """
-        data = ipc.pack(frame)
+        data = ipc.encode(frame)
         with self._pending_lock:
             self._pending.append(data)
             if self._flushing:
@@ -100,27 +100,26 @@ class Executor:
 
     def serve(self, inp: BinaryIO) -> None:
         """Handle frames until the agent closes the pipe."""
-        self.send({"op": "ready", "python": python_version()})
+        self.send(ipc.Ready(python=python_version()))
         while True:
             header = inp.read(ipc.HEADER_BYTES)
             if len(header) < ipc.HEADER_BYTES:
                 return
-            frame = ipc.unpack(_read_exact(inp, ipc.length_of(header)))
-            op = frame["op"]
-            if op == "load":
-                self.runner.add_blob(frame["digest"], frame["blob"])
-            elif op == "run":
+            frame = ipc.decode(_read_exact(inp, ipc.length_of(header)))
+            if isinstance(frame, ipc.Load):
+                self.runner.add_blob(frame.digest, frame.blob)
+            elif isinstance(frame, ipc.Run):
                 self._pool.submit(self._run, frame)
-            elif op == "lease_ended":
-                for lease_id in frame["leases"]:
+            elif isinstance(frame, ipc.LeaseEnded):
+                for lease_id in frame.leases:
                     self.runner.end_lease(lease_id)
-            elif op == "checkpointed":
-                waiter = self._checkpoints.get(frame["task"])
+            elif isinstance(frame, ipc.Checkpointed):
+                waiter = self._checkpoints.get(frame.task)
                 if waiter is not None:
-                    waiter[1].append(frame.get("error"))
+                    waiter[1].append(frame.error)
                     waiter[0].set()
 
-    def _run(self, frame: dict[str, Any]) -> None:
+    def _run(self, frame: ipc.Run) -> None:
         self._leftovers.enter()
         printed_from = self._captured.start()
         try:
@@ -131,15 +130,15 @@ class Executor:
             self._leftovers.leave()
         self.send(reply)
 
-    def _outcome(self, frame: dict[str, Any], printed_from: int) -> dict[str, Any]:
+    def _outcome(self, frame: ipc.Run, printed_from: int) -> ipc.Done:
         """The `done` frame for a `run` frame (a CUDA error ends this process instead).
 
         A failed chunk's frame carries what it printed since `printed_from` (its end).
         """
-        task = frame["task"]
+        task = frame.task
         start = time.perf_counter()
         try:
-            if "inputs" in frame:
+            if frame.inputs is not None:
                 output = self._run_pack(frame, printed_from)
             else:
                 output = self.runner.execute(frame, self._context(frame))
@@ -149,46 +148,48 @@ class Executor:
                     f"output of {len(output)} bytes exceeds the largest a chunk may return, "
                     f"{MAX_OUTPUT_BYTES} bytes (the executor frame limit)",
                 )
-            reply: dict[str, Any] = {"op": "done", "task": task, "ok": True, "output": output}
-            reply["cost_s"] = time.perf_counter() - start
+            return ipc.Done(task=task, ok=True, output=output, cost_s=time.perf_counter() - start)
         except Failure as exc:
-            reply = {"op": "done", "task": task, "ok": False, "kind": exc.kind.value}
-            reply["error"] = str(exc)
-            reply["printed"] = self._captured.tail(printed_from)
+            printed = self._captured.tail(printed_from)
+            return ipc.Done(
+                task=task, ok=False, kind=exc.kind.value, error=str(exc), printed=printed
+            )
         except Exception as exc:  # recorded: the chunk's `done` frame names it (or a CUDA exit)
             if is_cuda_error(exc):
                 # A CUDA error can leave the context unusable for every thread: report, then
                 # die, and the agent fails this process's other chunks and starts another.
                 self.send(
-                    {
-                        "op": "done",
-                        "task": task,
-                        "ok": False,
-                        "kind": "crashed",
-                        "error": f"CUDA error, executor restarted: {exc}",
-                    }
+                    ipc.Done(
+                        task=task,
+                        ok=False,
+                        kind="crashed",
+                        error=f"CUDA error, executor restarted: {exc}",
+                    )
                 )
                 os._exit(EXIT_POISONED)
             # Unexpected exceptions in user code are permanent: the message names the cause.
-            reply = {"op": "done", "task": task, "ok": False, "kind": ErrorKind.ERROR.value}
-            reply["error"] = summary(exc)
-            reply["traceback"] = full_traceback(exc)
-            reply["printed"] = self._captured.tail(printed_from)
-        return reply
+            return ipc.Done(
+                task=task,
+                ok=False,
+                kind=ErrorKind.ERROR.value,
+                error=summary(exc),
+                traceback=full_traceback(exc),
+                printed=self._captured.tail(printed_from),
+            )
 
-    def _run_pack(self, frame: dict[str, Any], printed_from: int = 0) -> bytes:
+    def _run_pack(self, frame: ipc.Run, printed_from: int = 0) -> bytes:
         """Run a pack's chunks one after another; their outcomes, each its own."""
         return run_pack(self.runner, self._captured, frame, printed_from)
 
-    def _context(self, frame: dict[str, Any]) -> Context:
-        task, resumed = frame["task"], frame.get("resumed")
+    def _context(self, frame: ipc.Run) -> Context:
+        task, resumed = frame.task, frame.resumed
         return Context(
             device=self.runner.gpu,
-            slice_bytes=frame["slice_bytes"],
+            slice_bytes=frame.slice_bytes,
             xp=self.runner.xp,
-            attempt=frame["attempt"],
-            job=frame["job"],
-            index=frame["index"],
+            attempt=frame.attempt,
+            job=frame.job,
+            index=frame.index,
             resumed=None if resumed is None else pickle.loads(resumed),
             save=lambda state: self._checkpoint(task, state),
         )
@@ -201,7 +202,7 @@ class Executor:
         waiter: tuple[threading.Event, list[str | None]] = (threading.Event(), [])
         self._checkpoints[task] = waiter
         try:
-            self.send({"op": "checkpoint", "task": task, "state": state})
+            self.send(ipc.Checkpoint(task=task, state=state))
             if not waiter[0].wait(CHECKPOINT_TIMEOUT_S):
                 raise RuntimeError(f"checkpoint not stored within {CHECKPOINT_TIMEOUT_S:g} s")
             if waiter[1][0] is not None:

@@ -27,6 +27,7 @@ from vramfabric.kernels.code import Context, PythonCode
 from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
 from vramfabric.kernels.host_build import NoHostCompiler
 
+from . import ipc
 from .captured import TRACEBACK_CHARS
 from .lease_devices import LeaseDevices
 
@@ -68,21 +69,21 @@ class WorkRunner:
         """Keep an uploaded work's blob for the chunks that will name it."""
         self._blobs[digest] = blob
 
-    def execute(self, frame: dict[str, Any], ctx: Context) -> bytes:
+    def execute(self, frame: ipc.Run, ctx: Context) -> bytes:
         """Run one `run` frame's work; Failure for a known kind of failure."""
-        return self.bind(frame)(bytes(frame["input"]), ctx)
+        return self.bind(frame)(bytes(frame.input or b""), ctx)
 
-    def bind(self, frame: dict[str, Any]) -> Callable[[bytes, Context], bytes]:
+    def bind(self, frame: ipc.Run) -> Callable[[bytes, Context], bytes]:
         """The frame's work as a function of one input, resolved once: a pack's chunks share it.
 
         Resolving it (a Python function unpickled once per process) and each run raise Failure
         for a known kind of failure. Per chunk, resolving it again was most of what a packed
         tiny chunk cost here beside its own work.
         """
-        slice_bytes = frame["slice_bytes"]
-        run = _failing_as(slice_bytes, self._resolve, frame["kind"], frame, slice_bytes)
+        slice_bytes = frame.slice_bytes
+        run = _failing_as(slice_bytes, self._resolve, frame.kind, frame, slice_bytes)
         if self.gpu is not None:
-            run = functools.partial(self._on_gpu, frame["lease"], slice_bytes, run)
+            run = functools.partial(self._on_gpu, frame.lease, slice_bytes, run)
         return lambda data, ctx: _failing_as(slice_bytes, run, data, ctx)
 
     def end_lease(self, lease_id: str) -> None:
@@ -113,25 +114,25 @@ class WorkRunner:
             return out
 
     def _resolve(
-        self, kind: str, frame: dict[str, Any], slice_bytes: int
+        self, kind: str, frame: ipc.Run, slice_bytes: int
     ) -> Callable[[bytes, Context], bytes]:
         if kind == "builtin":
             return lambda data, _ctx: self._builtin(frame, data, slice_bytes)
         if kind == "python":
-            code, fn = self._load(frame["digest"], PythonCode.from_blob, "load")
+            code, fn = self._load(frame.digest, PythonCode.from_blob, "load")
             return lambda data, ctx: code.call(fn, data, ctx)
         if kind == "cuda":
             return lambda data, _ctx: self._cuda(frame, data, slice_bytes)
         raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
 
-    def _builtin(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
-        kernel: Kernel = self.registry.get_kernel(frame["name"], frame["digest"])
+    def _builtin(self, frame: ipc.Run, data: bytes, slice_bytes: int) -> bytes:
+        kernel: Kernel = self.registry.get_kernel(frame.name, frame.digest)
         need = kernel.vram_bytes(len(data))
         if self.gpu is None and need > slice_bytes:
             # NumPy has no pool to cap: check the kernel's declared working set up front.
             raise Failure(ErrorKind.VRAM_EXCEEDED, str(SliceVramExceeded(slice_bytes, need)))
         if kernel.cuda is None or not self._host_path:
-            return kernel.run(self.xp, frame["args"], data)
+            return kernel.run(self.xp, frame.args, data)
         kernel.check_input(data)
         with self._load_lock:  # one build per process, not one per thread of a burst
             cuda = kernel.cuda()
@@ -142,10 +143,10 @@ class WorkRunner:
         except NoHostCompiler as exc:
             self._host_path = False
             log.warning("registered kernels run their NumPy reference here: %s", exc)
-            return kernel.run(self.xp, frame["args"], data)
+            return kernel.run(self.xp, frame.args, data)
 
-    def _cuda(self, frame: dict[str, Any], data: bytes, slice_bytes: int) -> bytes:
-        kernel, _ = self._load(frame["digest"], CudaKernel.from_blob, None)
+    def _cuda(self, frame: ipc.Run, data: bytes, slice_bytes: int) -> bytes:
+        kernel, _ = self._load(frame.digest, CudaKernel.from_blob, None)
         if self.gpu is not None:
             return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
         need = len(data) + kernel.max_output_bytes

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
@@ -89,7 +88,7 @@ class ExecutorProcess:
         """Whether the process has not exited (nor been told to)."""
         return self.proc.returncode is None and not self.doom
 
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: ipc.Frame) -> None:
         """Queue one frame for the next write; ExecutorCrashed if the process is gone.
 
         Frames sent in one turn of the event loop (a burst of chunks) go out in one write,
@@ -109,9 +108,9 @@ class ExecutorProcess:
             except (ConnectionError, RuntimeError) as exc:
                 raise ExecutorCrashed(f"executor process gone: {exc}") from None
 
-    def post(self, frame: dict[str, Any]) -> bytes:
+    def post(self, frame: ipc.Frame) -> bytes:
         """Queue one frame for the next write without waiting; return its bytes."""
-        data = ipc.pack(frame)
+        data = ipc.encode(frame)
         self._outbox.append(data)
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
@@ -179,41 +178,44 @@ class ExecutorProcess:
         try:
             while True:
                 header = await stdout.readexactly(ipc.HEADER_BYTES)
-                self._on_frame(ipc.unpack(await stdout.readexactly(ipc.length_of(header))))
+                self._on_frame(ipc.decode(await stdout.readexactly(ipc.length_of(header))))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the pipe is closed: the process is gone, or going (`_watch`)
         except (ValueError, TypeError, KeyError) as exc:
             # A garbled frame (users' code runs there): the process cannot be trusted now.
             self.kill(f"executor sent a bad frame: {type(exc).__name__}: {exc}")
 
-    def _on_frame(self, frame: dict[str, Any]) -> None:
-        op = frame["op"]
-        if op == "ready":
+    def _on_frame(self, frame: ipc.Frame) -> None:
+        if isinstance(frame, ipc.Ready):
             if not self.ready.done():
                 self.ready.set_result(None)
             return
-        task = self.tasks.get(frame.get("task", -1))
+        if not isinstance(frame, ipc.Done | ipc.Checkpoint):
+            return  # an agent's frame: never sent this way
+        task = self.tasks.get(frame.task)
         if task is None:
             return  # a chunk that already failed (its deadline passed)
-        if op == "done" and not task.future.done():
-            if frame.get("ok"):
-                task.cost_s = float(frame.get("cost_s", 0.0))
-                task.future.set_result(bytes(frame["output"]))
+        if isinstance(frame, ipc.Done):
+            if task.future.done():
+                return
+            if frame.ok:
+                task.cost_s = float(frame.cost_s)
+                task.future.set_result(bytes(frame.output))
             else:
                 error = failure(frame)
-                attach(error, str(frame.get("printed", "")), str(frame.get("traceback", "")))
+                attach(error, str(frame.printed), str(frame.traceback))
                 self.culprit_known |= isinstance(error, ExecutorCrashed)
                 task.future.set_exception(error)
-        elif op == "checkpoint":
+        else:
             # Stored off the read loop: the executor may finish other chunks meanwhile.
             stored = asyncio.get_running_loop().create_task(self._checkpoint(frame, task))
             self._storing.add(stored)
             stored.add_done_callback(self._storing.discard)
 
-    async def _checkpoint(self, frame: dict[str, Any], task: Running) -> None:
+    async def _checkpoint(self, frame: ipc.Checkpoint, task: Running) -> None:
         error: str | None = None
         try:
-            state = bytes(frame["state"])
+            state = bytes(frame.state)
             if task.save is None:
                 raise ValueError("this chunk cannot checkpoint")
             if len(state) > ipc.MAX_CHECKPOINT_BYTES:
@@ -222,7 +224,7 @@ class ExecutorProcess:
         except (VramfabricError, ValueError, TypeError, KeyError) as exc:
             error = str(exc)
         with contextlib.suppress(ExecutorCrashed):
-            await self.send({"op": "checkpointed", "task": frame["task"], "error": error})
+            await self.send(ipc.Checkpointed(task=frame.task, error=error))
 
     def _died(self) -> None:
         code = self.proc.returncode

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import attrs
 
 from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, VramfabricError
 
+from ..executor.ipc import Done
 from .layout import ExecKey
 
 # How the pool kills a process for one chunk's deadline: its other chunks are innocent.
@@ -53,11 +53,11 @@ class Running:
     home: ExecKey | None = None
 
 
-def failure(frame: dict[str, Any]) -> VramfabricError:
+def failure(frame: Done) -> VramfabricError:
     """The error a `done` frame reports."""
-    message = str(frame.get("error", ""))
+    message = str(frame.error)
     try:
-        kind = ErrorKind(frame.get("kind", ""))
+        kind = ErrorKind(frame.kind)
     except ValueError:
         kind = ErrorKind.ERROR
     if kind is ErrorKind.CRASHED:

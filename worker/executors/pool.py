@@ -22,13 +22,13 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
 
 import attrs
 
 from vramfabric.broker.errors import ChunkTimeout
 from vramfabric.broker.messages import Lease
 
+from ..executor import ipc
 from .handle import ExecutorProcess
 from .layout import ALONE, LANE, ExecKey, alone_key
 from .outcomes import FOR_A_NEIGHBOUR, Running, SaveCheckpoint
@@ -63,7 +63,7 @@ class ExecutorPool(ExecutorSupply):
         self,
         lease: Lease,
         work: Work,
-        frame: dict[str, Any],
+        frame: ipc.Run,
         timeout_s: float,
         save: SaveCheckpoint | None = None,
         alone: bool = False,
@@ -89,7 +89,7 @@ class ExecutorPool(ExecutorSupply):
             self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._check_deadlines)
         exe.leases.add(lease.lease_id)
         try:
-            await self._send(exe, lease, work, {**frame, "task": task_id})
+            await self._send(exe, lease, work, frame, task_id)
             return await task.future, task.cost_s
         except asyncio.CancelledError:
             # Its caller gave up on it (an interactive call whose lease ended, a stopping
@@ -114,25 +114,16 @@ class ExecutorPool(ExecutorSupply):
                 self._entering[key] = left
 
     async def _send(
-        self, exe: ExecutorProcess, lease: Lease, work: Work, frame: dict[str, Any]
+        self, exe: ExecutorProcess, lease: Lease, work: Work, frame: ipc.Run, task_id: int
     ) -> None:
         """Send the chunk's `run` frame, after the work's `load` frame if `exe` lacks it."""
         if work.blob is not None and work.digest not in exe.loaded:
             exe.loaded.add(work.digest)
-            await exe.send(
-                {"op": "load", "digest": work.digest, "kind": work.kind, "blob": work.blob}
-            )
-        await exe.send(
-            {
-                **frame,
-                "op": "run",
-                "kind": work.kind,
-                "name": work.name,
-                "digest": work.digest,
-                "slice_bytes": lease.slice_bytes,
-                "lease": lease.lease_id,
-            }
+            await exe.send(ipc.Load(digest=work.digest, kind=work.kind, blob=work.blob))
+        run = frame.placed(
+            task_id, work.kind, work.name, work.digest, lease.slice_bytes, lease.lease_id
         )
+        await exe.send(run)
 
     def _left(self, exe: ExecutorProcess, alone: bool) -> None:
         """A chunk left `exe`: stop it if it is done for, wake chunks waiting for a lane."""
@@ -218,7 +209,7 @@ class ExecutorPool(ExecutorSupply):
             # A GPU executor keeps a stream and a capped pool per lease until told
             # (executor/work_runner.py).
             if ended and exe.alive and not self.gpus[exe.key[0]].simulated:
-                exe.post({"op": "lease_ended", "leases": sorted(ended)})
+                exe.post(ipc.LeaseEnded(leases=tuple(sorted(ended))))
         for key, exe in list(self._procs.items()):
             if exe.tasks or key in live or key in self._entering or key[1:] == SPARE:
                 continue
