@@ -4,33 +4,27 @@ Each receives `add(index, output)` once per chunk that succeeded, in arrival ord
 `value()` gives the aggregate. Ties go to the lower chunk index, so the answer does not
 depend on which worker finished first. All but `Gather` hold bounded state; `Gather` keeps
 every decoded output in memory. The aggregators of the built-in CUDA kernels' patterns are in
-coordinator/patterns.py.
+coordinator/patterns.py. An aggregator may also have `add_run(first, outputs)`, which folds
+chunks `first`, `first + 1`, ... at once as `add` would one by one (`add_run` below).
 
 Outputs are decoded by a dtype: a numeric numpy dtype name (`float32`, `float64`, `int64`...),
 `bytes` (raw), or `pickle` (a Python-callable job's `pickle.dumps` of its return value).
 ArgMin, ArgMax, Mean, TopK and Gather default to `dtype=None`, meaning "the job's declared
 output dtype": the coordinator calls `bind_dtype(aggregator, dtype)` before the first result,
-and a dtype given explicitly wins. `scalar(output, dtype)` is the one place scalars are read.
-
-Unpickling runs `pickle.loads` on bytes that came back from the fabric, so a `pickle` output
-is only as trustworthy as the workers that produced it: run such jobs on workers you trust.
+and a dtype given explicitly wins. Outputs are read in coordinator/decoding.py.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-PICKLE = "pickle"
-BYTES = "bytes"
-# numpy kinds that read as one real number: bool, signed and unsigned int, float
-_SCALAR_KINDS = "biuf"
+from .decoding import check_dtype, decode, scalar, scalars
 
 
 class Aggregator(Protocol):
@@ -45,82 +39,12 @@ class Aggregator(Protocol):
         ...
 
 
-def numpy_dtype(dtype: str) -> np.dtype[Any]:
-    """The numpy dtype for a numeric dtype name; ValueError for an unknown or unreadable one."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"unknown output dtype {dtype!r}; expected a numpy dtype name, 'bytes' or 'pickle'"
-        ) from None
-    if dt.hasobject or dt.itemsize == 0:
-        # object arrays cannot come from a buffer and a zero-size element has no value
-        raise ValueError(f"output dtype {dtype!r} cannot be read from bytes")
-    return dt
-
-
-def check_dtype(dtype: str) -> str:
-    """`dtype` itself if it names an output encoding, else ValueError."""
-    if dtype not in (PICKLE, BYTES):
-        numpy_dtype(dtype)
-    return dtype
-
-
 def bind_dtype(aggregator: Aggregator, dtype: str) -> None:
     """Give `aggregator` the job's output dtype unless it already has one."""
     # Only decoding aggregators have a `dtype`; Collect and Fold see raw bytes whatever the job
     # declares. An explicit dtype is never overwritten.
     if getattr(aggregator, "dtype", "") is None:
         aggregator.dtype = check_dtype(dtype)  # type: ignore[attr-defined]
-
-
-def unpickle(output: bytes) -> Any:
-    """The object a Python-callable job returned (trusts the worker that produced it)."""
-    try:
-        return pickle.loads(output)
-    except (pickle.UnpicklingError, EOFError) as exc:
-        raise ValueError(f"output of {len(output)} bytes is not a pickle: {exc}") from None
-
-
-def scalar(output: bytes, dtype: str) -> float:
-    """The output as one Python float: the first element, or the unpickled number."""
-    if dtype == PICKLE:
-        obj = unpickle(output)
-        # float("1.5") would succeed, but a string is not a numeric result
-        if not isinstance(obj, (str, bytes, bytearray)):
-            try:
-                return float(obj)
-            except (TypeError, ValueError, OverflowError):
-                pass
-        raise ValueError(f"pickled output is a {type(obj).__name__}, not a number")
-    if dtype == BYTES:
-        raise ValueError(
-            "outputs of dtype 'bytes' have no scalar value; use Gather, Collect or Fold"
-        )
-    dt = numpy_dtype(dtype)
-    if dt.kind not in _SCALAR_KINDS:
-        raise ValueError(f"outputs of dtype {dtype!r} have no real scalar value")
-    if len(output) < dt.itemsize:
-        raise ValueError(
-            f"output of {len(output)} bytes is shorter than one {dt.name} ({dt.itemsize} bytes)"
-        )
-    return float(np.frombuffer(output, dtype=dt, count=1)[0])
-
-
-def decode(output: bytes, dtype: str) -> Any:
-    """The whole output: the unpickled object, the raw bytes, or a writable numpy array."""
-    if dtype == PICKLE:
-        return unpickle(output)
-    if dtype == BYTES:
-        return bytes(output)
-    dt = numpy_dtype(dtype)
-    if len(output) % dt.itemsize:
-        raise ValueError(
-            f"output of {len(output)} bytes is not a whole number of {dt.name} "
-            f"({dt.itemsize} bytes each)"
-        )
-    # frombuffer over immutable bytes is read-only; the copy owns writable memory
-    return np.frombuffer(output, dtype=dt).copy()
 
 
 def bound_dtype(agg: Any) -> str:
@@ -154,6 +78,18 @@ class ArgMin:
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
 
+    def add_run(self, first: int, outputs: Sequence[bytes]) -> None:
+        """Fold chunks `first`, `first + 1`, ... at once, as `add` would each."""
+        self._keep(first, scalars(outputs, bound_dtype(self)))
+
+    def _keep(self, first: int, xs: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        """Keep the smallest of `xs` (chunks `first`, ...) if it beats the best; NaN never wins."""
+        if len(xs) and not np.isnan(xs).all():
+            i = int(np.nanargmin(xs))  # the first of equal smallest: the lowest index
+            candidate = (float(xs[i]), first + i)
+            if self.best is None or candidate < self.best:
+                self.best = candidate
+
     def value(self) -> tuple[int, float] | None:
         """(index, value) of the best chunk."""
         return None if self.best is None else (self.best[1], self.best[0])
@@ -167,6 +103,10 @@ class ArgMax(ArgMin):
         x = -scalar(output, bound_dtype(self))
         if not math.isnan(x) and (self.best is None or (x, index) < self.best):
             self.best = (x, index)
+
+    def add_run(self, first: int, outputs: Sequence[bytes]) -> None:
+        """Fold chunks `first`, `first + 1`, ... at once, as `add` would each."""
+        self._keep(first, -scalars(outputs, bound_dtype(self)))
 
     def value(self) -> tuple[int, float] | None:
         """(index, value) of the best chunk."""
@@ -275,6 +215,16 @@ class Fold:
     def value(self) -> Any:
         """The folded state."""
         return self.state
+
+
+def add_run(aggregator: Aggregator, first: int, outputs: Sequence[bytes]) -> None:
+    """Fold chunks `first`, `first + 1`, ...: at once if the aggregator can, else one by one."""
+    fold = getattr(aggregator, "add_run", None)
+    if fold is not None:
+        fold(first, outputs)
+        return
+    for index, output in enumerate(outputs, first):
+        aggregator.add(index, output)
 
 
 def by_name(name: str, directory: str | None = None, k: int = 10) -> Aggregator:

@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .aggregate import Gather, bound_dtype, decode, numpy_dtype, optional_dtype, scalar
+from .aggregate import Gather, bound_dtype, optional_dtype
+from .decoding import decode, numpy_dtype, scalar
 
 
 @attrs.frozen

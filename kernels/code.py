@@ -17,7 +17,7 @@ import inspect
 import pickle
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -122,7 +122,7 @@ class PythonCode:
         except Exception as exc:  # msgpack raises assorted types for garbage
             raise KernelArgumentError(f"not a Python-code blob: {type(exc).__name__}") from None
 
-    def load(self) -> Callable[[Any, Context], Any]:
+    def load(self) -> LoadedFunction:
         """Unpickle the function (this runs code from the blob): `run(arg, ctx)` calls it.
 
         Whether it takes `ctx` is read here, once: inspecting its signature costs more than a
@@ -136,11 +136,9 @@ class PythonCode:
         fn = cloudpickle.loads(self.fn_bytes)
         if not callable(fn):
             raise KernelArgumentError(f"the blob holds {type(fn).__name__}, not a callable")
-        if wants_context(fn):
-            return lambda arg, ctx: fn(arg, ctx=ctx)
-        return lambda arg, _ctx: fn(arg)
+        return LoadedFunction(fn, wants_context(fn))
 
-    def call(self, run: Callable[[Any, Context], Any], data: bytes, ctx: Context) -> bytes:
+    def call(self, run: LoadedFunction, data: bytes, ctx: Context | None) -> bytes:
         """Run the loaded function on the unpickled input; the pickled output within the limit."""
         out = run(pickle.loads(data), ctx)
         blob = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
@@ -150,6 +148,20 @@ class PythonCode:
                 f"max_output_bytes={self.max_output_bytes}"
             )
         return blob
+
+
+@attrs.frozen
+class LoadedFunction:
+    """An unpickled function, called as `run(arg, ctx)`; `ctx` is passed if it takes one."""
+
+    fn: Callable[..., Any]
+    # Read once at load: inspecting a signature costs more than a tiny chunk's work, and a
+    # pack of chunks of a function that takes no `ctx` makes none.
+    wants_context: bool
+
+    def __call__(self, arg: Any, ctx: Context | None) -> Any:
+        """Call the function on one input."""
+        return self.fn(arg, ctx=ctx) if self.wants_context else self.fn(arg)
 
 
 def wants_context(fn: Callable[..., Any]) -> bool:
@@ -162,6 +174,14 @@ def wants_context(fn: Callable[..., Any]) -> bool:
 
 # Values whose pickle is the same from pickle and cloudpickle (checked in test_code.py).
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+def encode_inputs(values: Sequence[Any]) -> list[bytes]:
+    """Chunk inputs of a callable job, each the bytes `encode_input` makes of it."""
+    if all(type(v) in _PLAIN for v in values):
+        dumps, protocol = pickle.dumps, pickle.HIGHEST_PROTOCOL
+        return [dumps(v, protocol) for v in values]
+    return [encode_input(v) for v in values]
 
 
 def encode_input(value: Any) -> bytes:

@@ -29,7 +29,8 @@ from vramfabric.broker.jobdriver import JobDriver, JobOrigin
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from ..aggregate import PICKLE, Aggregator, bind_dtype
+from ..aggregate import Aggregator, bind_dtype
+from ..decoding import PICKLE
 from ..jobs import joblist, lifecycle
 from ..jobs.driver import BEAT_S, read_driver, read_origin
 from ..jobs.job import UNKNOWN_CHUNKS

@@ -23,7 +23,7 @@ from vramfabric.broker.errors import ChunkFailed, ErrorKind, VramfabricError
 from vramfabric.broker.messages import ChunkResult
 from vramfabric.broker.settings import parse_size
 
-from ..aggregate import unpickle
+from ..decoding import unpickle
 from ..jobs.job import Job
 from ..jobs.lifecycle import remove
 from ..run.jobrun import JobRun
@@ -84,7 +84,7 @@ async def map_results(
     # A chunk's place in the submission window is freed when the caller takes its result,
     # not when it arrives: a caller that stops reading stops the submission, and the queue
     # never holds more than a window of results.
-    run.results.on_result = None
+    run.results.on_results = None
     drive: asyncio.Future[Any] | None = None
     try:
         done, _ = await run.start()

@@ -7,7 +7,7 @@ object store by digest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -20,7 +20,7 @@ from vramfabric.kernels import Kernel
 from vramfabric.kernels.code import (
     DEFAULT_MAX_OUTPUT_BYTES,
     PythonCode,
-    encode_input,
+    encode_inputs,
     python_version,
 )
 from vramfabric.kernels.cuda import CudaKernel
@@ -59,20 +59,21 @@ class JobWork:
             return advert.allow_code and advert.python == self.python
         return not (self.kind == "cuda" and advert.simulated) or advert.allow_code
 
-    def encode_input(self, index: int, value: Any) -> bytes:
-        """One chunk input as bytes: pickled for callables, as given (bytes) for kernels.
+    def encode_inputs(self, first: int, values: Sequence[Any]) -> list[bytes]:
+        """Inputs `first`, `first + 1`, ... as bytes: pickled for a callable, kernels' as given.
 
         Raises:
             TypeError: a kernel's input is not bytes, or a callable's is not picklable.
         """
         if self.kind == "python":
-            return encode_input(value)
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise TypeError(
-                f"chunk {index}: a kernel's input must be bytes, got {type(value).__name__} "
-                "(pass a Python function to send objects)"
-            )
-        return bytes(value)
+            return encode_inputs(values)
+        for index, value in enumerate(values, first):
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise TypeError(
+                    f"chunk {index}: a kernel's input must be bytes, got {type(value).__name__} "
+                    "(pass a Python function to send objects)"
+                )
+        return [bytes(value) for value in values]
 
 
 def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> JobWork:

@@ -91,7 +91,7 @@ class JobRun:
             on_progress=self.progress,
             metrics=self.metrics,
             total=None if self.job.streamed else self.spec.n_chunks,
-            on_result=self.window.finished,
+            on_results=self.window.finished_run,
             stall_s=self.settings.follow_stall_s,
             set_aside_failed=self.retry_failed,
         )

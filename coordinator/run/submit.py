@@ -23,7 +23,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 
-from ..jobs.job import InputsDigest, Job
+from ..jobs.job import BLOCK_CHUNKS, InputsDigest, Job, blocks
 from ..jobs.publish import PUBLISH_ACK_WAIT_S, submit_chunks
 from .packing import PROBE_WAIT_S, Packer
 from .results import ResultsConsumer
@@ -69,12 +69,28 @@ class Window:
         self._inflight[index] = size
         self._bytes += size
 
+    def fits_run(self, n_chunks: int, n_bytes: int) -> bool:
+        """Whether `n_chunks` chunks of `n_bytes` in all may go out now, within both limits."""
+        fits_chunks = len(self._inflight) + n_chunks <= self.max_chunks
+        return fits_chunks and self._bytes + n_bytes <= self.max_bytes
+
+    def add_run(self, first: int, sizes: list[int]) -> None:
+        """Count chunks `first`, `first + 1`, ... of input `sizes` as in flight."""
+        self._inflight.update(zip(range(first, first + len(sizes)), sizes, strict=True))
+        self._bytes += sum(sizes)
+
     def finished(self, index: int) -> None:
         """Chunk `index` has a result: free its place (nothing if it was not in flight)."""
-        size = self._inflight.pop(index, None)
-        if size is None:
+        self.finished_run(index, 1)
+
+    def finished_run(self, first: int, n: int) -> None:
+        """Chunks `first` .. `first + n - 1` have results: free the places of those in flight."""
+        before = len(self._inflight)
+        pop = self._inflight.pop
+        freed = sum([pop(i, 0) for i in range(first, first + n)])
+        if len(self._inflight) == before:
             return
-        self._bytes -= size
+        self._bytes -= freed
         self._freed.set()
         if len(self._inflight) <= self._refill_chunks and self._bytes <= self._refill_bytes:
             self._room.set()
@@ -132,19 +148,29 @@ class Submission:
             Disconnected, PermanentError: chunks could not be published (see submit_chunks).
         """
         streamed, n_read = self.job.streamed, 0
+        # A generator's inputs are read one at a time: it may yield them as they come.
         try:
-            for index, value in enumerate(self.job.inputs):
-                n_read = index + 1
-                # A chunk reopened with its pack is submitted again even if its result is in.
-                skip = index not in self.retried and (
-                    index in self.done or index in self.queued or self.results.seen(index)
-                )
-                # A streamed job's digest covers every input; a sized one's is already known.
-                data = self.job.encode(index, value, self.limit) if streamed or not skip else b""
-                if streamed:
-                    self.digest.add(data)
-                if not skip and not self._added(index, data):
-                    await self._add(index, data)
+            for first, values in blocks(self.job.inputs, 1 if streamed else BLOCK_CHUNKS):
+                n_read = first + len(values)
+                if self.fresh(first, len(values)):
+                    encoded = self.job.encode_many(first, values, self.limit)
+                    if streamed:
+                        self.digest.add_many(encoded)
+                    await self._submit_run(first, encoded)
+                    continue
+                for index, value in enumerate(values, first):
+                    # A chunk reopened with its pack is submitted again even if its result is in.
+                    skip = index not in self.retried and (
+                        index in self.done or index in self.queued or self.results.seen(index)
+                    )
+                    # A streamed job's digest covers every input; a sized one's is known.
+                    data = (
+                        self.job.encode(index, value, self.limit) if streamed or not skip else b""
+                    )
+                    if streamed:
+                        self.digest.add(data)
+                    if not skip and not self._added(index, data):
+                        await self._add(index, data)
             await self._flush()
             if self.queued and self._acks is None:
                 await self._start_publishing()  # nothing new, but the queued chunks need leases
@@ -154,6 +180,45 @@ class Submission:
         if not n_read:
             raise ValueError("a job needs at least one chunk input")
         return n_read
+
+    def fresh(self, first: int, n: int) -> bool:
+        """Whether chunks `first` .. `first + n - 1` are all to be sent, none reopened."""
+        if self.retried or self.done or self.queued:
+            return False
+        return self.results.fresh(first, n)
+
+    async def _submit_run(self, first: int, encoded: list[bytes]) -> None:
+        """Submit fresh chunks `first`, `first + 1`, ...: as many at once as fit, else alone."""
+        i, n = 0, len(encoded)
+        while i < n:
+            k = self._added_run(first + i, encoded, i)
+            if k:
+                i += k
+                continue
+            if not self._added(first + i, encoded[i]):
+                await self._add(first + i, encoded[i])
+            i += 1
+
+    def _added_run(self, first: int, encoded: list[bytes], start: int) -> int:
+        """Add `encoded[start:]`'s chunks (from `first`) that fit at once to the batch; how many.
+
+        As `_added` would each, in one go: none if the first chunk must wait for anything.
+        """
+        if not self.packer.unthrottled:
+            return 0
+        room = _BATCH - 1 - len(self._batch)
+        k = min(len(encoded) - start, room, self.window.max_chunks - len(self.window))
+        if k <= 0:
+            return 0
+        data = encoded[start : start + k]
+        sizes = list(map(len, data))
+        n_bytes = sum(sizes)
+        if self._batch_bytes + n_bytes >= _BATCH_BYTES or not self.window.fits_run(k, n_bytes):
+            return 0
+        self.window.add_run(first, sizes)
+        self._batch.update(zip(range(first, first + k), data, strict=True))
+        self._batch_bytes += n_bytes
+        return k
 
     def _added(self, index: int, data: bytes) -> bool:
         """Add the chunk to the batch if nothing is to be awaited before or after; True if so.

@@ -18,11 +18,11 @@ from vramfabric.coordinator.aggregate import (
     Gather,
     Mean,
     TopK,
+    add_run,
     bind_dtype,
     by_name,
-    decode,
-    scalar,
 )
+from vramfabric.coordinator.decoding import decode, scalar
 
 NAN = float("nan")
 
@@ -417,3 +417,57 @@ def test_gather_of_nothing_is_empty() -> None:
 def test_decode_rejects_a_partial_element() -> None:
     with pytest.raises(ValueError, match=r"output of 6 bytes is not a whole number of float32"):
         decode(b"\x00" * 6, "float32")
+
+
+RUNS: list[tuple[str, list[object]]] = [
+    ("pickle", [3.5, 1.0, NAN, 1.0, -2, True, 7]),  # ints, a bool, a tie, a NaN
+    ("pickle", [NAN, NAN]),
+    ("pickle", [2**70, 5.0]),  # an int past int64: read one by one, as `add` reads it
+    ("float32", [1.5, -0.25, -0.25, NAN]),
+    ("int64", [4, -9, 12]),
+]
+
+
+def _outputs(dtype: str, values: list[object]) -> list[bytes]:
+    if dtype == "pickle":
+        return [pickle.dumps(v) for v in values]
+    return [np.array([v], dtype=dtype).tobytes() for v in values]
+
+
+@pytest.mark.parametrize("cls", [ArgMin, ArgMax])
+@pytest.mark.parametrize(("dtype", "values"), RUNS)
+def test_a_run_folded_at_once_gives_what_one_by_one_gives(
+    cls: type, dtype: str, values: list[object]
+) -> None:
+    # Given two aggregators with a best so far, and a run of outputs after it
+    outputs = _outputs(dtype, values)
+    one, run = cls(dtype=dtype), cls(dtype=dtype)
+    for agg in (one, run):
+        agg.add(0, _outputs(dtype, [0.5])[0])
+    # When one folds the run chunk by chunk and the other at once (add_run)
+    for index, output in enumerate(outputs, 10):
+        one.add(index, output)
+    add_run(run, 10, outputs)
+    # Then both hold the same best: NaN never wins, ties go to the lower index
+    assert run.value() == one.value()
+
+
+def test_a_run_with_an_output_that_is_no_number_fails_as_one_by_one_does() -> None:
+    # Given runs with an output that is a string, or an int past float64
+    for bad in ("3.0", 2**1100):
+        outputs = [pickle.dumps(v) for v in (1.0, bad)]
+        # Then folding it at once raises the same error as folding that chunk would
+        with pytest.raises(ValueError, match=f"pickled output is a {type(bad).__name__}"):
+            add_run(ArgMin(dtype="pickle"), 0, outputs)
+        with pytest.raises(ValueError, match=f"pickled output is a {type(bad).__name__}"):
+            ArgMin(dtype="pickle").add(1, outputs[1])
+
+
+def test_aggregators_without_add_run_get_each_output_in_order() -> None:
+    # Given a fold that records what it sees, and a run of outputs
+    seen: list[tuple[int, bytes]] = []
+    fold = Fold(lambda state, index, output: seen.append((index, output)))
+    # When the run is folded
+    add_run(fold, 5, [b"a", b"b", b"c"])
+    # Then it saw each output with its own index, in order
+    assert seen == [(5, b"a"), (6, b"b"), (7, b"c")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import attrs
@@ -11,13 +12,17 @@ from vramfabric.broker import codec
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.subjects import token
-from vramfabric.coordinator.jobs.job import Job
+from vramfabric.coordinator.jobs.job import InputsDigest, Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
 from vramfabric.kernels.hyperparam import encode_config, search_space
 
 SETTINGS = CoordinatorSettings(tenant="acme", ack_wait_s=12.0)
 INPUTS = [encode_config(*c) for c in search_space(20)]
+
+
+def _double(x: object) -> object:
+    return x
 
 
 def job(**overrides: object) -> Job:
@@ -144,3 +149,28 @@ def test_chunk_over_the_settings_limit_raises() -> None:
     assert job(kernel=big, inputs=[b"x" * 100]).spec(tight).n_chunks == 1
     with pytest.raises(ValueError, match="chunk 0 is 101 bytes; the limit is 100"):
         job(kernel=big, inputs=[b"x" * 101]).spec(tight)
+
+
+def test_inputs_encoded_at_once_hash_and_read_as_one_by_one() -> None:
+    # Given a job over inputs of several sizes (an int past one byte, bytes, a tuple, a float)
+    values: list[object] = [1, 70_000, 2**70, b"raw", (1, "a"), 2.5, None, "x" * 5000]
+    job = Job(_double, values)
+    # When they are encoded at once and one by one
+    many = job.encode_many(0, values, limit=10**6)
+    ones = [job.encode(i, v, limit=10**6) for i, v in enumerate(values)]
+    # Then the bytes are the same, each unpickles to its input, and so is the inputs digest
+    assert many == ones and [pickle.loads(d) for d in many] == values
+    one_by_one, at_once = InputsDigest(), InputsDigest()
+    for data in ones:
+        one_by_one.add(data)
+    at_once.add_many(many[:3])
+    at_once.add_many(many[3:])
+    assert at_once.hexdigest() == one_by_one.hexdigest()
+
+
+def test_an_input_over_the_limit_is_named_by_its_index_when_encoded_at_once() -> None:
+    # Given inputs of which the fourth is over a 100-byte limit
+    job = Job(_double, [1, 2, 3, "y" * 200, 5])
+    # Then encoding them at once names that chunk
+    with pytest.raises(ValueError, match=r"chunk 13 is \d+ bytes; the limit is 100"):
+        job.encode_many(10, list(job.inputs), limit=100)

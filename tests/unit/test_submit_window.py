@@ -37,3 +37,18 @@ async def test_submitter_wakes_only_once_a_batch_worth_is_free() -> None:
     window.finished(1)
     await asyncio.wait_for(waiter, 1)
     assert len(window) == 6
+
+
+def test_a_run_of_chunks_counts_and_frees_as_chunk_by_chunk_does() -> None:
+    # Given a window of 8 chunks or 100 bytes
+    window = Window(max_chunks=8, max_bytes=100)
+    # Then a run fits only within both bounds, even when the window is empty
+    assert window.fits_run(8, 100) and not window.fits_run(9, 10) and not window.fits_run(2, 101)
+    # When a run of 5 chunks of 10 bytes goes out
+    window.add_run(10, [10] * 5)
+    # Then it counts as 5 chunks and 50 bytes in flight
+    assert len(window) == 5 and window.fits_run(3, 50) and not window.fits_run(3, 51)
+    # When results come for chunks 12..16 (15 and 16 were never in flight)
+    window.finished_run(12, 5)
+    # Then only 10 and 11 are left in flight, with their bytes
+    assert len(window) == 2 and window.fits_run(6, 80) and not window.fits_run(6, 81)

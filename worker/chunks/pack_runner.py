@@ -89,6 +89,12 @@ class PackRunner:
         self, spec: JobSpec, pack: ChunkPack, outcomes: list[bytes | ChunkResult], attempt: int
     ) -> tuple[tuple[ChunkResult, ...], tuple[bytes | None, ...]]:
         """The pack's results of their own (`others`) and its inline outputs, in order."""
+        if all(type(o) is bytes for o in outcomes):
+            # All succeeded at the pack's attempt: inline if they all fit (as below, at once).
+            sizes = list(map(len, outcomes))  # type: ignore[arg-type]
+            small = max(sizes) <= self.runner.settings.inline_output_bytes
+            if small and sum(sizes) + 16 * len(sizes) <= PACK_RESULT_BYTES:
+                return (), tuple(outcomes)  # type: ignore[arg-type]
         # The failures first: what they take of the result's payload, the outputs may not.
         failed = [o for o in outcomes if isinstance(o, ChunkResult) and not o.ok]
         error_chars = max(PACK_ERROR_CHARS_MIN, PACK_ERROR_CHARS // max(1, len(failed)))
@@ -150,6 +156,9 @@ class PackRunner:
                 for i, data in enumerate(pack.inputs)
             ]
             return alone, 0.0
+        outputs = [out[1] for out in outcomes if out[0] and type(out[1]) is bytes]
+        if len(outputs) == len(outcomes):
+            return outputs, cost_s  # type: ignore[return-value]
         now = time.time()
         results: list[bytes | ChunkResult] = []
         for i, out in enumerate(outcomes):

@@ -29,6 +29,7 @@ def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_fro
     tail_bytes = max(PACK_TAIL_MIN_BYTES, min(TAIL_BYTES, PACK_TAIL_BYTES // len(inputs)))
     try:
         run = runner.bind(frame)
+        wants_context = runner.wants_context(frame)
     except Exception as exc:  # recorded: every chunk's outcome names it
         if is_cuda_error(exc):
             raise
@@ -36,12 +37,14 @@ def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_fro
     gpu, xp, slice_bytes = runner.gpu, runner.xp, frame.slice_bytes
     attempt, job = frame.attempt, frame.job
     outcomes: list[ipc.Outcome] = []
+    ctx = None  # made per chunk only for work that reads it: it costs more than a tiny chunk
     for index, data in enumerate(inputs, frame.index):
         # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
         # are not kept (one KV write per tiny chunk would cost more than the chunk).
-        ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
+        if wants_context:
+            ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
         try:
-            outcomes.append((True, run(bytes(data), ctx)))
+            outcomes.append((True, run(data, ctx)))
         except Exception as exc:  # recorded: this chunk's outcome names it
             if is_cuda_error(exc):
                 raise

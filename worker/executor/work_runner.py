@@ -23,7 +23,7 @@ import numpy as np
 
 from vramfabric.broker.errors import ErrorKind, SliceVramExceeded
 from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, Registry
-from vramfabric.kernels.code import Context, PythonCode
+from vramfabric.kernels.code import Context, LoadedFunction, PythonCode
 from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
 from vramfabric.kernels.host_build import NoHostCompiler
 
@@ -73,7 +73,7 @@ class WorkRunner:
         """Run one `run` frame's work; Failure for a known kind of failure."""
         return self.bind(frame)(bytes(frame.input or b""), ctx)
 
-    def bind(self, frame: ipc.Run) -> Callable[[bytes, Context], bytes]:
+    def bind(self, frame: ipc.Run) -> Callable[[bytes, Context | None], bytes]:
         """The frame's work as a function of one input, resolved once: a pack's chunks share it.
 
         Resolving it (a Python function unpickled once per process) and each run raise Failure
@@ -86,6 +86,16 @@ class WorkRunner:
             run = functools.partial(self._on_gpu, frame.lease, slice_bytes, run)
         return lambda data, ctx: _failing_as(slice_bytes, run, data, ctx)
 
+    def wants_context(self, frame: ipc.Run) -> bool:
+        """Whether the frame's work reads a Context (a function with a `ctx` parameter).
+
+        Raises Failure if its work cannot be had (as `bind` does).
+        """
+        if frame.kind != "python":
+            return False
+        loaded: LoadedFunction = self._load(frame.digest, PythonCode.from_blob, "load")[1]
+        return loaded.wants_context
+
     def end_lease(self, lease_id: str) -> None:
         """The agent says the lease ended: free its stream and pool (after its running chunk)."""
         if self.devices is not None:
@@ -95,9 +105,9 @@ class WorkRunner:
         self,
         lease: str,
         slice_bytes: int,
-        run: Callable[[bytes, Context], bytes],
+        run: Callable[[bytes, Context | None], bytes],
         data: bytes,
-        ctx: Context,
+        ctx: Context | None,
     ) -> bytes:
         cupy = self.xp
         assert self.devices is not None
@@ -115,12 +125,12 @@ class WorkRunner:
 
     def _resolve(
         self, kind: str, frame: ipc.Run, slice_bytes: int
-    ) -> Callable[[bytes, Context], bytes]:
+    ) -> Callable[[bytes, Context | None], bytes]:
         if kind == "builtin":
             return lambda data, _ctx: self._builtin(frame, data, slice_bytes)
         if kind == "python":
             code, fn = self._load(frame.digest, PythonCode.from_blob, "load")
-            return lambda data, ctx: code.call(fn, data, ctx)
+            return functools.partial(code.call, fn)
         if kind == "cuda":
             return lambda data, _ctx: self._cuda(frame, data, slice_bytes)
         raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
