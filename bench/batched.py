@@ -130,6 +130,7 @@ class Vramfabric:
         self.cpu_s: dict[int, dict[str, float]] = {}  # by job size, then process kind
         self.jobs: dict[int, int] = {}
         self.exited = 0  # fabric processes that ended during a job: their CPU then is missed
+        self.idle_cpu_share = 0.0  # of one core, used by this process with nothing running
 
     async def job(self, configs: list[int]) -> int:
         """One `Fabric.run` with auto packing; its CPU counted per process kind."""
@@ -351,6 +352,10 @@ async def bench(args: argparse.Namespace, pool: Pool) -> list[dict[str, Any]]:
             fabric.cpu_s.clear()  # the warm job's CPU is not counted
             fabric.jobs.clear()
             fabric.exited = 0
+            # This process also holds Ray's and Dask's clients: their threads' CPU while idle.
+            own0 = time.process_time()
+            await asyncio.sleep(1.0)
+            fabric.idle_cpu_share = time.process_time() - own0
             times = await alternate(systems, args.n, args.rounds, args.jobs)
         finally:
             await jetstream.stop()
@@ -402,6 +407,7 @@ def summary(
         if name == fabric.name:
             line["cpu_us_per_chunk"] = fabric.cpu_us_per_chunk(n)
             line["processes_exited"] = fabric.exited
+            line["coordinator_idle_cpu_share"] = round(fabric.idle_cpu_share, 3)
         lines.append({**line, **stamp})
     for n in sizes:
         median = {name: statistics.median(s) for (name, m), s in times.items() if m == n}

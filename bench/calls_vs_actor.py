@@ -185,6 +185,7 @@ def main() -> None:
                 **_ms([s for samples, _, _ in runs for s in samples]),
                 "calls_per_start": [len(samples) for samples, _, _ in runs],
                 "first_result_ms": round(statistics.median(r[1] for r in runs) * 1e3, 1),
+                "first_result_ms_per_start": [round(r[1] * 1e3, 1) for r in runs],
                 "start_to_ready_s": round(statistics.median(r[2] for r in runs), 2),
             },
             **stamp,
