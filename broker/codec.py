@@ -119,6 +119,8 @@ def _unstructure(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
+        if set(map(type, value)) <= _PLAIN_TYPES:
+            return value  # msgpack packs a tuple as an array; per item, calls cost the most
         return [_unstructure(v) for v in value]
     if isinstance(value, Mapping):
         return {k: _unstructure(v) for k, v in value.items()}
@@ -161,7 +163,7 @@ def _converter(tp: Any) -> Conv:
         inner = [_converter(a) for a in args if a is not type(None)]
         return _optional(inner[0]) if len(inner) == 1 else _fail(f"unsupported union {tp}")
     if origin is tuple:
-        return _tuple_of(_converter(args[0]))
+        return _tuple_of(_converter(args[0]), _passed_as_is(args[0]))
     if origin in (Mapping, dict, typing.Mapping):
         return _map_of(_converter(args[1]))
     if tp is Any:
@@ -207,8 +209,24 @@ def _optional(conv: Conv) -> Conv:
     return lambda v: None if v is None else conv(v)
 
 
-def _tuple_of(conv: Conv) -> Conv:
-    return lambda v: tuple(map(conv, _expect(list, v)))
+def _tuple_of(conv: Conv, as_is: frozenset[type]) -> Conv:
+    """Items converted by `conv`; at once if all are of types `conv` passes as they are."""
+
+    def convert(v: Any) -> tuple[Any, ...]:
+        items = _expect(list, v)
+        if set(map(type, items)) <= as_is:
+            return tuple(items)  # a pack's inputs or outputs: per item, calls cost the most
+        return tuple(map(conv, items))
+
+    return convert
+
+
+def _passed_as_is(tp: Any) -> frozenset[type]:
+    """The exact types a converter of `tp` returns unchanged (none for classes, enums)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _passed_as_is(inner[0]) | {type(None)} if len(inner) == 1 else frozenset()
+    return frozenset((tp,)) if tp in (int, str, bytes, bool) else frozenset()
 
 
 def _map_of(conv: Conv) -> Conv:

@@ -105,7 +105,7 @@ def scalars(outputs: Sequence[bytes], dtype: str) -> np.ndarray[Any, np.dtype[np
     """
     if dtype == PICKLE:
         objs = list(map(unpickle, outputs))
-        if all(type(o) in _NUMBERS for o in objs):
+        if set(map(type, objs)) <= _NUMBERS:
             try:
                 return np.array(objs, dtype=np.float64)
             except OverflowError:  # an int past float64's range: float() says so

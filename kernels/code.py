@@ -178,7 +178,7 @@ _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 
 def encode_inputs(values: Sequence[Any]) -> list[bytes]:
     """Chunk inputs of a callable job, each the bytes `encode_input` makes of it."""
-    if all(type(v) in _PLAIN for v in values):
+    if set(map(type, values)) <= _PLAIN:
         dumps, protocol = pickle.dumps, pickle.HIGHEST_PROTOCOL
         return [dumps(v, protocol) for v in values]
     return [encode_input(v) for v in values]

@@ -120,7 +120,7 @@ async def _publish_round(
                 data = encode(Chunk(job=job, index=first, input=bytes(inputs[first])))
                 end = None
             else:
-                packed = tuple(bytes(inputs[i]) for i in range(first, last + 1))
+                packed = tuple(map(bytes, map(inputs.__getitem__, range(first, last + 1))))
                 data = encode(ChunkPack(job=job, first=first, inputs=packed))
                 end = last
             msg_id = (

@@ -158,6 +158,19 @@ class Packer:
         if size == 1:
             return [(i, i) for i in indices]
         spans: list[Span] = []
+        if indices and indices == list(range(indices[0], indices[0] + len(indices))):
+            # Contiguous (a fresh job's batch): cut every `size`, while within the bytes.
+            end = indices[-1] + 1
+            for first in range(indices[0], end, size):
+                last = min(first + size, end) - 1
+                if sum(map(len, map(inputs.__getitem__, range(first, last + 1)))) > (
+                    PACK_INPUT_BYTES
+                ):
+                    indices = indices[first - indices[0] :]  # the rest cut chunk by chunk
+                    break
+                spans.append((first, last))
+            else:
+                return spans
         first = last = -2
         n_bytes = 0
         for i in indices:

@@ -64,6 +64,9 @@ def test_packs_stop_at_gaps_bytes_and_nodes_that_cannot_run_them() -> None:
     assert packer.spans([0, 1, 3, 4, 5, 6, 7], inputs(8)) == [(0, 1), (3, 6), (7, 7)]
     big = {i: b"x" * (PACK_INPUT_BYTES // 2) for i in range(4)}
     assert packer.spans([0, 1, 2, 3], big) == [(0, 1), (2, 3)]
+    # And a contiguous batch with one full-sized input is cut around it, the rest by 4
+    one_big = {i: b"x" * (PACK_INPUT_BYTES if i == 5 else 1) for i in range(10)}
+    assert packer.spans(list(range(10)), one_big) == [(0, 3), (4, 4), (5, 5), (6, 9)]
     # And a fleet where some node cannot run packs gets single chunks
     cannot = Packer(4, ChunkSpeed(), packable=lambda: False)
     assert cannot.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
