@@ -31,9 +31,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import vramfabric
 from vramfabric.coordinator import CoordinatorSettings
 from vramfabric.local import LocalFleet
+
+# The client's modules load here, before any clock starts, as Ray's do (`import ray` is
+# timed by neither): `vramfabric.connect` would load them on first use.
+from vramfabric.sync import connect
 
 SETTINGS = CoordinatorSettings(slice_bytes=2**30)
 WINDOW_S = 1.0  # the first second after ready
@@ -60,7 +63,7 @@ def _ms(samples: list[float]) -> dict[str, Any]:
 @contextmanager
 def fabric_calls(fleet: LocalFleet) -> Iterator[Call]:
     """`gpu.run(nothing, x)` in one gpu block of a fabric connected to `fleet`."""
-    with vramfabric.connect(fleet.broker, SETTINGS) as fabric, fabric.gpu() as gpu:
+    with connect(fleet.broker, SETTINGS) as fabric, fabric.gpu() as gpu:
         yield lambda x: gpu.run(nothing, x)
 
 
