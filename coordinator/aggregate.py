@@ -218,13 +218,22 @@ class Fold:
 
 
 def add_run(aggregator: Aggregator, first: int, outputs: Sequence[bytes]) -> None:
-    """Fold chunks `first`, `first + 1`, ...: at once if the aggregator can, else one by one."""
+    """Fold chunks `first`, `first + 1`, ...: at once if the aggregator can, else one by one.
+
+    A subclass that overrides `add` but not `add_run` sees every output in its `add`.
+    """
     fold = getattr(aggregator, "add_run", None)
-    if fold is not None:
+    cls = type(aggregator)
+    if fold is not None and issubclass(_owner(cls, "add_run"), _owner(cls, "add")):
         fold(first, outputs)
         return
     for index, output in enumerate(outputs, first):
         aggregator.add(index, output)
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in `cls`'s MRO that defines `name`."""
+    return next(c for c in cls.__mro__ if name in vars(c))
 
 
 def by_name(name: str, directory: str | None = None, k: int = 10) -> Aggregator:

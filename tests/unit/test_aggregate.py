@@ -471,3 +471,21 @@ def test_aggregators_without_add_run_get_each_output_in_order() -> None:
     add_run(fold, 5, [b"a", b"b", b"c"])
     # Then it saw each output with its own index, in order
     assert seen == [(5, b"a"), (6, b"b"), (7, b"c")]
+
+
+def test_a_subclass_that_overrides_add_sees_every_output_of_a_run() -> None:
+    # Given an ArgMin subclass that counts the outputs its `add` sees (not `add_run`)
+    class Counting(ArgMin):
+        def __init__(self) -> None:
+            super().__init__(dtype="pickle")
+            self.seen: list[int] = []
+
+        def add(self, index: int, output: bytes) -> None:
+            self.seen.append(index)
+            super().add(index, output)
+
+    agg = Counting()
+    # When a run is folded
+    add_run(agg, 3, [pickle.dumps(v) for v in (2.0, 1.0, 5.0)])
+    # Then its add saw each chunk once, and the best is right
+    assert agg.seen == [3, 4, 5] and agg.value() == (4, 1.0)
