@@ -141,14 +141,6 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1
             await agent.abort()
             return RET_OK
         starting.result()  # raises what ended the start, if anything did
-        # Ready once the spare executors are up: a first chunk or call takes one. Said before
-        # them, a first call waited for a process start (1.2 s on a 2-core machine).
-        first = agent if isinstance(agent, Agent) else agent.agents[0]
-        spares = loop.create_task(first.executors.spares_up())
-        if not await _first(spares, stop):
-            await agent.stop()
-            return RET_OK
-        spares.result()
         # Tell a parent (the demo, tests) we serve: it waits for this line, not a timer.
         named = settings.node if nodes == 1 else f"{settings.node}-0..{nodes - 1}"
         print(f"worker ready node={named}{url}", flush=True)

@@ -262,11 +262,6 @@ class ExecutorSupply:
                 await exe.reader
         self._prebuild()
 
-    async def spares_up(self) -> None:
-        """Wait until the start-up's spares are up (at once if `probe` started none)."""
-        if self._spares_in_turn is not None:
-            await asyncio.shield(self._spares_in_turn)
-
     async def _spares(self) -> None:
         """Start a spare per GPU in turn, until the node gets work; then the prebuild.
 
