@@ -65,7 +65,12 @@ def failed_results(job_id: str, span: Span, exc: InvalidMessage) -> list[ChunkRe
 async def fetch_output(
     conn: Connection, broker: BrokerSettings, tenant: str, result: ChunkResult
 ) -> ChunkResult:
-    """The result with its output read from the outputs store (or failed, naming why)."""
+    """The result with its output read from the outputs store, if it was put there.
+
+    Failed, naming why, if it cannot be read.
+    """
+    if not result.ok or result.output_ref is None:
+        return result
     bucket = broker.subjects.outputs_store(tenant)
     try:
         got = await read_written_object(conn.js, broker.call_retry, bucket, str(result.output_ref))

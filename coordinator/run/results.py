@@ -3,7 +3,7 @@
 An ordered consumer replays the results stream from the start, so a resumed job folds the
 results of earlier runs too. A pack's result holds each of its chunks' outcomes; a chunk
 that two results name (two packings of it in two runs) is folded once, from the first in
-the stream, on every replay. Memory is one byte per chunk plus the aggregator's own state.
+the stream, on every replay. Memory is one byte per chunk (seen.py) plus the aggregator's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from ..jobs.job import Span
 from ..metrics import CoordinatorMetrics
 from .follow import Follower
 from .packing import ChunkSpeed
+from .replay import StoredReplay
 from .result_msgs import decode_result, failed_results, fetch_output
+from .seen import SeenTable
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,7 @@ class ResultsConsumer:
     total: int | None = attrs.field(
         default=attrs.Factory(lambda self: self.spec.n_chunks, takes_self=True), kw_only=True
     )
-    # Called with (first, n) as chunks first .. first + n - 1 have their first result folded
-    # (the submission window frees their places).
+    # Called with (first, n) as chunks first.. first + n - 1 are folded (frees window places).
     on_results: Callable[[int, int], None] | None = attrs.field(default=None, kw_only=True)
     # Called with each failed result as it is folded (`fabric.map` raises it in its place).
     on_failed: Callable[[ChunkResult], None] | None = attrs.field(default=None, kw_only=True)
@@ -61,10 +62,8 @@ class ResultsConsumer:
     stall_s: float = attrs.field(default=10.0, kw_only=True)
     # How long the job's chunks run, from their results (packing.py reads it).
     speed: ChunkSpeed = attrs.field(factory=ChunkSpeed, init=False)
-    # `retry_failed`: stored failed results are set aside for a rerun until `replayed`,
-    # not folded, so one pass over the stream both resumes the job and finds its failures.
+    # `retry_failed`: stored failed results are set aside for a rerun until `replayed`.
     set_aside_failed: bool = attrs.field(default=False, kw_only=True)
-    set_aside: set[int] = attrs.field(factory=set, init=False)
     # The packs that hold a failure set aside: `retry_failed` reopens them whole.
     set_aside_packs: set[Span] = attrs.field(factory=set, init=False)
     n_ok: int = attrs.field(default=0, init=False)
@@ -73,20 +72,18 @@ class ResultsConsumer:
     invalid: int = attrs.field(default=0, init=False)
     failures: list[ChunkResult] = attrs.field(factory=list, init=False)
     aggregate_s: float = attrs.field(default=0.0, init=False)
-    _seen: bytearray = attrs.field(init=False)
+    _seen: SeenTable = attrs.field(init=False)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _done_total: Counter = attrs.field(init=False)  # this tenant's series, looked up once
     _follower: Follower | None = attrs.field(default=None, init=False)
     # What the aggregator raised: the run stops and raises it (see `wait`).
     _error: Exception | None = attrs.field(default=None, init=False)
-    # While `replayed` waits: the stored chunks, how many of them came through, and a wake-up.
-    _stored: Collection[int] = attrs.field(default=(), init=False)
-    _reached: int = attrs.field(default=0, init=False)
-    _arrived: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _replay: StoredReplay = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         """Size the seen-table (a byte per chunk) to the job; it grows for a streamed job."""
-        self._seen = bytearray(self.total or 0)
+        self._seen = SeenTable.sized(self.total or 0)
+        self._replay = StoredReplay(self.set_aside_failed)
         self._done_total = self.metrics.chunks_done_total.labels(tenant=self.spec.tenant)
 
     @property
@@ -112,7 +109,7 @@ class ResultsConsumer:
         """Stop the run with `exc` (see `wait`): no more results will come."""
         self._error = exc
         self._done.set()
-        self._arrived.set()
+        self._replay.wake()
 
     def set_total(self, n_chunks: int) -> None:
         """The streamed job's chunk count, now that its inputs are read; done if all are in."""
@@ -120,9 +117,12 @@ class ResultsConsumer:
         if self.n_done >= n_chunks:
             self._done.set()
 
+    async def _output(self, result: ChunkResult) -> ChunkResult:
+        return await fetch_output(self.conn, self.broker, self.spec.tenant, result)
+
     def seen(self, index: int) -> bool:
         """Whether chunk `index` has a result folded in."""
-        return index < len(self._seen) and bool(self._seen[index])
+        return self._seen.seen(index)
 
     async def _on_msg(self, msg: Msg) -> None:
         spec = self.spec
@@ -148,7 +148,7 @@ class ResultsConsumer:
             return
         if got.ok:  # a chunk that failed at once says nothing of how long the others run
             self.speed.observe(got.cost_s or got.elapsed_s)
-        self.add(await self._with_output(got))
+        self.add(await self._output(got))
 
     async def _on_pack(self, pack: PackResult, span: Span) -> None:
         """Fold each chunk of a pack's result."""
@@ -156,7 +156,8 @@ class ResultsConsumer:
             self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
         # Counted (metrics, progress) once for the pack: per chunk it was a tenth of the
         # coordinator's CPU on a job of tiny chunks.
-        if not pack.others and not self._stored and self.fresh(pack.first, len(pack.outputs)):
+        fresh = not pack.others and not self._replay.waiting
+        if fresh and self.fresh(pack.first, len(pack.outputs)):
             folded = self._fold_run(pack.first, pack.outputs)  # type: ignore[arg-type]
         else:
             folded = 0
@@ -166,13 +167,7 @@ class ResultsConsumer:
         if folded:
             self._counted(pack.attempt, folded)
         for result in pack.others:
-            self.add(await self._with_output(result), span)
-
-    async def _with_output(self, result: ChunkResult) -> ChunkResult:
-        """The result, its output read from the outputs store if it was put there."""
-        if not result.ok or result.output_ref is None:
-            return result
-        return await fetch_output(self.conn, self.broker, self.spec.tenant, result)
+            self.add(await self._output(result), span)
 
     def add(self, result: ChunkResult, pack: Span | None = None) -> None:
         """Fold one result in (from the pack `pack`, if any), unless its chunk has one."""
@@ -193,11 +188,11 @@ class ResultsConsumer:
         """
         if not self._first_of(index):
             return False
-        if self._reach(index, output is not None):
+        if self._replay.reach(index, output is not None):
             if pack is not None:
                 self.set_aside_packs.add(pack)
             return False
-        self._seen[index] = 1
+        self._seen.mark(index)
         if self.on_results is not None:
             self.on_results(index, 1)
         if output is not None:
@@ -219,9 +214,7 @@ class ResultsConsumer:
 
     def fresh(self, first: int, n: int) -> bool:
         """Whether none of chunks `first` .. `first + n - 1` has a result folded yet."""
-        if first + n > len(self._seen):
-            self._seen.extend(bytes(first + n - len(self._seen)))
-        return self._seen.find(1, first, first + n) < 0
+        return self._seen.fresh(first, n)
 
     def _fold_run(self, first: int, outputs: Sequence[bytes]) -> int:
         """Fold the outputs of fresh chunks `first`, `first + 1`, ... at once; how many folded.
@@ -230,7 +223,7 @@ class ResultsConsumer:
         in one go (per chunk, this bookkeeping cost more than decoding the output).
         """
         n = len(outputs)
-        self._seen[first : first + n] = b"\x01" * n
+        self._seen.mark(first, n)
         if self.on_results is not None:
             self.on_results(first, n)
         t0 = time.perf_counter()
@@ -245,10 +238,7 @@ class ResultsConsumer:
 
     def _first_of(self, index: int) -> bool:
         """Whether chunk `index` has no result folded yet (a repeat is counted)."""
-        if index >= len(self._seen):
-            # A streamed job's table grows with the chunks (bytearray growth is amortised).
-            self._seen.extend(bytes(index + 1 - len(self._seen)))
-        if not self._seen[index]:
+        if not self._seen.seen(index):
             return True
         # The stream keeps one result per subject; a replay after a consumer reset can repeat
         # it, and two runs may have packed a chunk differently.
@@ -277,16 +267,6 @@ class ResultsConsumer:
         if len(self.failures) < MAX_KEPT_FAILURES:
             self.failures.append(result)
 
-    def _reach(self, index: int, ok: bool) -> bool:
-        """Count a stored chunk come through for `replayed`; True if its failure is set aside."""
-        aside = self.set_aside_failed and not ok
-        if index in self._stored and index not in self.set_aside:
-            self._reached += 1
-            self._arrived.set()
-        if aside:
-            self.set_aside.add(index)
-        return aside
-
     async def replayed(self, stored: Collection[int]) -> set[int]:
         """Wait until every chunk of `stored` came through; return the failed ones set aside.
 
@@ -295,15 +275,10 @@ class ResultsConsumer:
         Raises:
             Exception: what the aggregator raised, or FollowerStalled.
         """
-        self._stored = stored
-        self._reached = sum(1 for i in stored if self.seen(i) or i in self.set_aside)
-        while self._reached < len(stored) and self._error is None:
-            self._arrived.clear()
-            await self._arrived.wait()
-        self.set_aside_failed, self._stored = False, ()
+        aside = await self._replay.wait(stored, self.seen, lambda: self._error is not None)
         if self._error is not None:
             raise self._error
-        return self.set_aside
+        return aside
 
     async def wait(self, timeout_s: float | None) -> bool:
         """Wait until every chunk has a result; False on timeout.
