@@ -42,13 +42,12 @@ import struct
 import time
 import uuid
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.pool import Pool
 from typing import Any, Protocol
 
-import nats
 import psutil  # type: ignore[import-untyped, unused-ignore]
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
+from js_floor import Floor  # bench/ is this script's folder, first on sys.path
 
 from vramfabric.broker.server import NatsServer
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
@@ -238,90 +237,42 @@ def start_dask() -> Any:
 # ---- bare JetStream, batched -------------------------------------------------------------
 
 
-def _js_worker(url: str, ready: Any) -> None:
-    """A JetStream worker process: pull batches, publish each batch's best."""
-    asyncio.run(_js_worker_loop(url, ready))
+def _best_of_batch(data: bytes) -> bytes:
+    """A JetStream worker's work: the (loss, config) of a batch's best, packed."""
+    return struct.pack("<dq", *best_of(array("q", data)))
 
 
-async def _js_worker_loop(url: str, ready: Any) -> None:
-    nc = await nats.connect(url)
-    sub = await nc.jetstream().pull_subscribe_bind("w", stream="BAT_WORK")
-    ready.set()
-    while True:
-        try:
-            # 4 batches a fetch: 1 left workers idle on fetches (0.11-0.16 s a 100,000 job
-            # against 0.06-0.07 s), 16 split a job's few batches unevenly.
-            msgs = await sub.fetch(4, timeout=1.0)
-        except TimeoutError:  # nothing queued: ask again
-            continue
-        for msg in msgs:
-            tag, index = msg.subject.split(".")[2:4]
-            best = best_of(array("q", msg.data))
-            await nc.publish(f"bat.res.{tag}.{index}", struct.pack("<dq", *best))
-            await msg.ack()
+def _batch_compute() -> Callable[[bytes], bytes]:
+    return _best_of_batch
 
 
 class JetStreamBatches:
-    """A work-queue stream of batches, two pulling workers, a results stream."""
+    """A work-queue stream of batches, two pulling workers, a results stream (js_floor.py)."""
 
     name = "jetstream"
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.procs: list[mp.process.BaseProcess] = []
+        # 4 batches a fetch: 1 left workers idle on fetches (0.11-0.16 s a 100,000 job
+        # against 0.06-0.07 s), 16 split a job's few batches unevenly.
+        self.floor = Floor(url, "bat", _batch_compute, 4, WORKERS)
 
     async def start(self) -> None:
         """Streams, consumer and worker processes; returns once the workers pull."""
-        self.nc = await nats.connect(self.url)
-        js = self.nc.jetstream()
-        await js.add_stream(
-            StreamConfig(
-                name="BAT_WORK", subjects=["bat.work.>"], retention=RetentionPolicy.WORK_QUEUE
-            )
-        )
-        await js.add_stream(StreamConfig(name="BAT_RES", subjects=["bat.res.>"]))
-        await js.add_consumer(
-            "BAT_WORK",
-            ConsumerConfig(durable_name="w", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=-1),
-        )
-        ctx = mp.get_context("spawn")
-        events = [ctx.Event() for _ in range(WORKERS)]
-        self.procs = [
-            ctx.Process(target=_js_worker, args=(self.url, e), daemon=True) for e in events
-        ]
-        for proc in self.procs:
-            proc.start()
-        for event in events:
-            await asyncio.to_thread(event.wait)
+        await self.floor.start()
 
     async def job(self, configs: list[int]) -> int:
         """Publish the batches, fold the bests as they arrive; the argmin."""
         batches = split(configs, math.ceil(len(configs) / JS_BATCH))
-        tag = uuid.uuid4().hex[:12]
-        best = (math.inf, -1)
-        left = len(batches)
-        done = asyncio.Event()
-
-        async def fold(msg: Any) -> None:
-            nonlocal best, left
-            best = min(best, struct.unpack("<dq", msg.data))
-            left -= 1
-            if not left:
-                done.set()
-
-        sub = await self.nc.subscribe(f"bat.res.{tag}.*", cb=fold)
-        for i, batch in enumerate(batches):
-            await self.nc.publish(f"bat.work.{tag}.{i}", array("q", batch).tobytes())
-        await self.nc.flush()
-        await done.wait()
-        await sub.unsubscribe()
-        return int(best[1])
+        bests: list[tuple[float, int]] = []
+        await self.floor.run(
+            [array("q", batch).tobytes() for batch in batches],
+            lambda _i, data: bests.append(struct.unpack("<dq", data)),
+        )
+        return int(min(bests)[1])
 
     async def stop(self) -> None:
         """Stop the workers and the client."""
-        for proc in self.procs:
-            proc.terminate()
-        await self.nc.close()
+        await self.floor.stop()
 
 
 # ---- the run -------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
-import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -39,9 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import nats
 import numpy as np
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
+from js_floor import Floor  # bench/ is this script's folder, first on sys.path
 
 from vramfabric.broker.server import NatsServer
 from vramfabric.coordinator import ArgMin, CoordinatorSettings, Fabric, Job
@@ -86,85 +85,27 @@ def argmin(losses: dict[int, bytes]) -> int:
 # ---- bare JetStream ----------------------------------------------------------------------
 
 
-def _js_worker(url: str, ready: Any, kind: str) -> None:
-    """A baseline worker process: pull chunks, compute, publish each result."""
-    asyncio.run(_js_worker_loop(url, ready, kind))
-
-
-async def _js_worker_loop(url: str, ready: Any, kind: str) -> None:
-    run = chunk_fn(kind)
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    sub = await js.pull_subscribe_bind("w", stream="CMP_WORK")
-    ready.set()
-    while True:
-        try:
-            msgs = await sub.fetch(64, timeout=1.0)
-        except TimeoutError:  # nothing queued: ask again
-            continue
-        for msg in msgs:
-            job, index = msg.subject.split(".")[2:4]
-            await nc.publish(f"cmp.res.{job}.{index}", run(msg.data))
-            await msg.ack()
-
-
 class BareJetStream:
-    """The floor: a work queue, two pulling workers, a results stream."""
+    """The floor: a work queue, two pulling workers, a results stream (js_floor.py)."""
 
     name = "bare_jetstream"
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.procs: list[mp.process.BaseProcess] = []
+        self.floor = Floor(url, "cmp", functools.partial(chunk_fn, CHUNK[0]), 64, WORKERS)
 
     async def start(self) -> None:
         """Streams, consumer and worker processes; returns once the workers pull."""
-        self.nc = await nats.connect(self.url)
-        js = self.nc.jetstream()
-        await js.add_stream(
-            StreamConfig(
-                name="CMP_WORK", subjects=["cmp.work.>"], retention=RetentionPolicy.WORK_QUEUE
-            )
-        )
-        await js.add_stream(StreamConfig(name="CMP_RES", subjects=["cmp.res.>"]))
-        await js.add_consumer(
-            "CMP_WORK",
-            ConsumerConfig(durable_name="w", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=-1),
-        )
-        ctx = mp.get_context("spawn")
-        events = [ctx.Event() for _ in range(WORKERS)]
-        self.procs = [
-            ctx.Process(target=_js_worker, args=(self.url, e, CHUNK[0]), daemon=True)
-            for e in events
-        ]
-        for proc in self.procs:
-            proc.start()
-        for event in events:
-            await asyncio.to_thread(event.wait)
+        await self.floor.start()
 
-    async def job(self, data: list[bytes], tag: str) -> int:
+    async def job(self, data: list[bytes], _tag: str) -> int:
         """Publish the chunks, fold the results as they arrive; the argmin."""
         results: dict[int, bytes] = {}
-        done = asyncio.Event()
-
-        async def collect(msg: Any) -> None:
-            results[int(msg.subject.rsplit(".", 1)[1])] = msg.data
-            if len(results) == len(data):
-                done.set()
-
-        sub = await self.nc.subscribe(f"cmp.res.{tag}.*", cb=collect)
-        for i, chunk in enumerate(data):
-            await self.nc.publish(f"cmp.work.{tag}.{i}", chunk)
-        await self.nc.flush()
-        await done.wait()
-        await sub.unsubscribe()
+        await self.floor.run(data, results.__setitem__)
         return argmin(results)
 
     async def stop(self) -> None:
         """Stop the workers and the client."""
-        for proc in self.procs:
-            proc.terminate()
-        await self.nc.close()
+        await self.floor.stop()
 
 
 # ---- vramfabric --------------------------------------------------------------------------
