@@ -24,6 +24,10 @@ def _is_pack_outcome(inst: PackResult, _attr: attrs.Attribute[Any], value: Any) 
     n = len(inst.outputs)
     if not 1 <= n <= MAX_PACK_CHUNKS:
         raise ValueError(f"a pack holds 1 to {MAX_PACK_CHUNKS} chunks, not {n}")
+    if not inst.others:  # the common case, checked without a call per chunk
+        if None in inst.outputs:
+            raise ValueError("`others` must hold exactly the chunks whose output is None")
+        return
     missing = {inst.first + i for i, out in enumerate(inst.outputs) if out is None}
     listed = [r.index for r in inst.others]
     if sorted(listed) != sorted(missing) or len(set(listed)) != len(listed):

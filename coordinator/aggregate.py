@@ -84,8 +84,10 @@ class ArgMin:
 
     def _keep(self, first: int, xs: np.ndarray[Any, np.dtype[np.float64]]) -> None:
         """Keep the smallest of `xs` (chunks `first`, ...) if it beats the best; NaN never wins."""
-        if len(xs) and not np.isnan(xs).all():
-            i = int(np.nanargmin(xs))  # the first of equal smallest: the lowest index
+        nan = np.isnan(xs)
+        if len(xs) and not nan.all():
+            # The first of equal smallest: the lowest index (nanargmin only where NaN is).
+            i = int(np.nanargmin(xs) if nan.any() else xs.argmin())
             candidate = (float(xs[i]), first + i)
             if self.best is None or candidate < self.best:
                 self.best = candidate

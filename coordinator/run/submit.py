@@ -148,12 +148,15 @@ class Submission:
             Disconnected, PermanentError: chunks could not be published (see submit_chunks).
         """
         streamed, n_read = self.job.streamed, 0
+        kept = None if streamed else self.job.take_encoded(self.limit)
         # A generator's inputs are read one at a time: it may yield them as they come.
         try:
             for first, values in blocks(self.job.inputs, 1 if streamed else BLOCK_CHUNKS):
                 n_read = first + len(values)
                 if self.fresh(first, len(values)):
-                    encoded = self.job.encode_many(first, values, self.limit)
+                    encoded = _kept_block(kept, first, len(values)) or self.job.encode_many(
+                        first, values, self.limit
+                    )
                     if streamed:
                         self.digest.add_many(encoded)
                     await self._submit_run(first, encoded)
@@ -281,3 +284,11 @@ class Submission:
         await self.before_first()
         self._acks = await AckedPublisher(self.conn.nc, PUBLISH_ACK_WAIT_S).start()
         return self._acks
+
+
+def _kept_block(kept: list[list[bytes]] | None, first: int, n: int) -> list[bytes] | None:
+    """The block of `n` inputs from `first` that the job's spec encoded, if it kept it."""
+    k = first // BLOCK_CHUNKS
+    if kept is None or k >= len(kept) or len(kept[k]) != n:
+        return None
+    return kept[k]

@@ -425,12 +425,19 @@ RUNS: list[tuple[str, list[object]]] = [
     ("pickle", [2**70, 5.0]),  # an int past int64: read one by one, as `add` reads it
     ("float32", [1.5, -0.25, -0.25, NAN]),
     ("int64", [4, -9, 12]),
+    # floats alone, pickled as executors pickle them: read from the joined bytes at once
+    ("pickle5", [0.75, -0.0, float("inf"), NAN, 0.25, 0.25, -1e300]),
+    ("pickle5", [NAN, NAN]),
+    # a 21-byte pickle that is no float among floats (an int of 7 bytes): one by one
+    ("pickle5", [0.75, 2**50, 0.25]),
 ]
 
 
 def _outputs(dtype: str, values: list[object]) -> list[bytes]:
     if dtype == "pickle":
         return [pickle.dumps(v) for v in values]
+    if dtype == "pickle5":
+        return [pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for v in values]
     return [np.array([v], dtype=dtype).tobytes() for v in values]
 
 
@@ -441,6 +448,7 @@ def test_a_run_folded_at_once_gives_what_one_by_one_gives(
 ) -> None:
     # Given two aggregators with a best so far, and a run of outputs after it
     outputs = _outputs(dtype, values)
+    dtype = "pickle" if dtype == "pickle5" else dtype
     one, run = cls(dtype=dtype), cls(dtype=dtype)
     for agg in (one, run):
         agg.add(0, _outputs(dtype, [0.5])[0])

@@ -23,7 +23,8 @@ def index_or_fail(x: int, ctx: Context) -> tuple[int, int, str]:
 def _outcomes(executor: Executor, frame: ipc.Run) -> list[tuple[Any, ...]]:
     """What the agent reads back from a pack's frame: one outcome per chunk."""
     n_chunks = len(frame.inputs or ())
-    return [tuple(o) for o in ipc.unpack_outcomes(executor._run_pack(frame), n_chunks)]
+    outcomes = ipc.unpack_outcomes(executor._run_pack(frame), n_chunks)
+    return [(True, o) if isinstance(o, bytes) else tuple(o) for o in outcomes]
 
 
 def _executor() -> Executor:
@@ -68,3 +69,34 @@ def test_a_pack_whose_work_cannot_load_fails_every_chunk_with_the_reason() -> No
     for outcome in outcomes:
         assert outcome[:2] == (False, "load_failed")
         assert "never loaded" in str(outcome[2])
+
+
+def square_or_fail(x: int) -> object:
+    """A function of no context (run in one loop): 2 raises, 4 is too big."""
+    if x == 2:
+        raise ValueError("two is refused")
+    return "y" * 500 if x == 4 else x * x
+
+
+def test_a_pack_run_in_one_loop_gives_each_chunk_its_outcome_in_order() -> None:
+    # Given a function that takes no ctx, an output limit of 100 bytes, and a pack of six
+    work = job_work(square_or_fail, max_output_bytes=100)
+    assert work.blob is not None
+    executor = _executor()
+    executor.runner.add_blob(work.digest, work.blob)
+    inputs = [encode_input(x) for x in range(6)]
+    # When the pack runs
+    outcomes = _outcomes(executor, _frame(work.digest, inputs))
+    # Then the chunks before, between and after the failures have their outputs, in order
+    assert [pickle.loads(o[1]) for i, o in enumerate(outcomes) if i not in (2, 4)] == [
+        0,
+        1,
+        9,
+        25,
+    ]
+    assert all(o[0] is True for i, o in enumerate(outcomes) if i not in (2, 4))
+    # And each failure is its own: the raise with its traceback, the output over the limit
+    assert outcomes[2][:2] == (False, "error") and "two is refused" in str(outcomes[2][2])
+    assert "square_or_fail" in str(outcomes[2][4])
+    assert outcomes[4][:2] == (False, "launch_failed")
+    assert "exceeds max_output_bytes=100" in str(outcomes[4][2])

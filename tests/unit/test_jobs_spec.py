@@ -12,6 +12,7 @@ from vramfabric.broker import codec
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.subjects import token
+from vramfabric.coordinator.jobs import job as job_module
 from vramfabric.coordinator.jobs.job import InputsDigest, Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
@@ -174,3 +175,24 @@ def test_an_input_over_the_limit_is_named_by_its_index_when_encoded_at_once() ->
     # Then encoding them at once names that chunk
     with pytest.raises(ValueError, match=r"chunk 13 is \d+ bytes; the limit is 100"):
         job.encode_many(10, list(job.inputs), limit=100)
+
+
+def test_the_spec_keeps_its_encoded_inputs_for_one_run_while_small(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a job of 600 inputs (three blocks), its spec made
+    values = list(range(600))
+    job = Job(_double, values)
+    limit = job.input_limit(SETTINGS)
+    job.spec(SETTINGS)
+    # Then the run takes the inputs as the spec encoded them, in blocks, once
+    kept = job.take_encoded(limit)
+    assert kept is not None and [len(b) for b in kept] == [256, 256, 88]
+    assert [d for block in kept for d in block] == job.encode_many(0, values, limit)
+    assert job.take_encoded(limit) is None
+    # And a job whose encoded inputs would pass the cap keeps none (its run encodes again)
+    monkeypatch.setattr(job_module, "KEEP_ENCODED_BYTES", 1000)
+    big = Job(_double, values)
+    big.spec(SETTINGS)
+    assert big.take_encoded(limit) is None
+    assert big.spec(SETTINGS).inputs_digest == job.spec(SETTINGS).inputs_digest

@@ -89,7 +89,7 @@ class PackRunner:
         self, spec: JobSpec, pack: ChunkPack, outcomes: list[bytes | ChunkResult], attempt: int
     ) -> tuple[tuple[ChunkResult, ...], tuple[bytes | None, ...]]:
         """The pack's results of their own (`others`) and its inline outputs, in order."""
-        if all(type(o) is bytes for o in outcomes):
+        if ipc.all_outputs(outcomes):  # type: ignore[arg-type]
             # All succeeded at the pack's attempt: inline if they all fit (as below, at once).
             sizes = list(map(len, outcomes))  # type: ignore[arg-type]
             small = max(sizes) <= self.runner.settings.inline_output_bytes
@@ -156,15 +156,13 @@ class PackRunner:
                 for i, data in enumerate(pack.inputs)
             ]
             return alone, 0.0
-        outputs = [out[1] for out in outcomes if out[0] and type(out[1]) is bytes]
-        if len(outputs) == len(outcomes):
-            return outputs, cost_s  # type: ignore[return-value]
+        if ipc.all_outputs(outcomes):
+            return outcomes, cost_s  # type: ignore[return-value]
         now = time.time()
         results: list[bytes | ChunkResult] = []
         for i, out in enumerate(outcomes):
-            output = out[1]
-            if out[0] and isinstance(output, bytes):
-                results.append(output)
+            if isinstance(out, bytes):
+                results.append(out)
             else:
                 results.append(self._failed_outcome(spec, pack.first + i, out, attempt, lease, now))
         return results, cost_s
@@ -238,6 +236,9 @@ class PackRunner:
         started_at: float,
     ) -> ChunkResult:
         """The failed result of one chunk of a pack, from its outcome."""
+        if not isinstance(outcome, tuple | list) or len(outcome) < 2:
+            # Not what an executor of this version sends: the chunk failed, the reason unknown.
+            outcome = (False, ErrorKind.ERROR.value, "the executor sent no outcome", "", "")
         try:
             kind = ErrorKind(str(outcome[1]))
         except ValueError:

@@ -15,7 +15,7 @@ and its `op` (`encode`, `decode`: this module alone turns frames into bytes and 
 | `done` | Done | executor | `task`, `ok`, `output` and `cost_s` (the seconds the work ran in |
 | | | | its thread), or `kind` + `error` + `printed` (the end of what it printed) and, |
 | | | | for an unexpected exception, `traceback`; a pack's `output` is its outcomes |
-| | | | (`pack_outcomes`) |
+| | | | (`pack_outcomes`: each chunk's output, or its failure) |
 | `checkpoint` | Checkpoint | executor | `task`, `state` |
 | `checkpointed` | Checkpointed | agent | `task`, `error` (None when stored) |
 | `lease_ended` | LeaseEnded | agent | `leases`: ids of leases that ended (on a GPU, their |
@@ -200,13 +200,17 @@ def decode(body: bytes) -> Frame:
     return frame
 
 
-# One chunk's outcome inside a pack: (True, output) or (False, error kind, message, what it
-# printed, traceback).
-Outcome = tuple[bool, bytes] | tuple[bool, str, str, str, str]
+# One chunk's outcome inside a pack: its output (it succeeded), or (False, error kind,
+# message, what it printed, traceback).
+Outcome = bytes | tuple[bool, str, str, str, str]
 
 
 def pack_outcomes(outcomes: list[Outcome]) -> bytes:
-    """A pack's outcomes, in chunk order, as the `output` of its `done` frame."""
+    """A pack's outcomes, in chunk order, as the `output` of its `done` frame.
+
+    An output is itself, not wrapped: a pack of tiny chunks that all succeeded is read back
+    without a call per chunk (`unpack_outcomes`, `all_outputs`).
+    """
     return msgpack.packb(outcomes, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -216,3 +220,8 @@ def unpack_outcomes(output: bytes, n_chunks: int) -> list[Outcome]:
     if not isinstance(outcomes, tuple) or len(outcomes) != n_chunks:
         raise ValueError(f"a pack of {n_chunks} chunks came back with another count")
     return list(outcomes)
+
+
+def all_outputs(outcomes: list[Outcome]) -> bool:
+    """Whether every outcome is an output (every chunk succeeded), checked at once."""
+    return set(map(type, outcomes)) == {bytes}

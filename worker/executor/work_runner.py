@@ -16,7 +16,7 @@ import logging
 import threading
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,24 @@ class WorkRunner:
         if self.gpu is not None:
             run = functools.partial(self._on_gpu, frame.lease, slice_bytes, run)
         return lambda data, ctx: _failing_as(slice_bytes, run, data, ctx)
+
+    def bind_run(self, frame: ipc.Run) -> Callable[[Sequence[bytes], list[bytes]], None] | None:
+        """The frame's work over a pack's inputs in one loop, where it has one; else None.
+
+        A Python function that takes no `ctx`, on a simulated GPU: `run(inputs, out)` appends
+        each input's output to `out` from `inputs[len(out)]` on, raising Failure (a kind) or
+        the work's exception at the first that fails (`PythonCode.call_run`). On a GPU each
+        chunk runs in its lease's stream (`bind`).
+
+        Raises Failure if its work cannot be had (as `bind` does).
+        """
+        if frame.kind != "python" or self.gpu is not None:
+            return None
+        slice_bytes = frame.slice_bytes
+        code, fn = _failing_as(slice_bytes, self._load, frame.digest, PythonCode.from_blob, "load")
+        if fn.wants_context:
+            return None
+        return lambda inputs, out: _failing_as(slice_bytes, code.call_run, fn, inputs, out)
 
     def wants_context(self, frame: ipc.Run) -> bool:
         """Whether the frame's work reads a Context (a function with a `ctx` parameter).
