@@ -14,6 +14,8 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
+from typing import Any
 
 import attrs
 
@@ -115,10 +117,13 @@ class JobRun:
             The chunks with a final result, and (`retry_failed`) the failed ones reopened.
         """
         try:
-            await self.results.start()
-            await self.exhausted.start()
-            done = await finished_chunks(self.conn, self.broker, self.spec)
-            self.queued = await queued_chunks(self.conn, self.broker, self.spec)
+            # At once: four round trips one after another were a tenth of a small job's time.
+            _, _, done, self.queued = await gather_all(
+                self.results.start(),
+                self.exhausted.start(),
+                finished_chunks(self.conn, self.broker, self.spec),
+                queued_chunks(self.conn, self.broker, self.spec),
+            )
             if not self.retry_failed:
                 return done, set()
             retried = await self.results.replayed(done)
@@ -262,10 +267,11 @@ class JobRun:
             if outcome == "stopped":
                 await self.record.stop()
             else:
-                if self.submitted:  # a failed, timed-out or cancelled run deletes it too
-                    await self._delete_consumer()
                 ok, failed = self.results.n_ok, self.results.n_failed
-                await self.record.finish(outcome, ok, failed, value)
+                steps = [self.record.finish(outcome, ok, failed, value)]
+                if self.submitted:  # a failed, timed-out or cancelled run deletes it too
+                    steps.append(self._delete_consumer())
+                await gather_all(*steps)
         return series
 
     async def _stop_following(self) -> None:
@@ -280,3 +286,12 @@ class JobRun:
             )
         except VramfabricError as exc:
             log.warning("job consumer not deleted job=%s error=%s", self.spec.job_id, exc)
+
+
+async def gather_all(*steps: Awaitable[Any]) -> list[Any]:
+    """The steps' results, run at once; the first error once every step has ended."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes

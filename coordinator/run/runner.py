@@ -34,7 +34,7 @@ from ..metrics import CoordinatorMetrics
 from ..settings import CoordinatorSettings
 from .driving import drive
 from .jobresult import JobResult
-from .jobrun import JobRun
+from .jobrun import JobRun, gather_all
 from .results import Progress
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ class Runner:
         spec = job.spec(self.settings)
         bind_dtype(aggregator, job.output_dtype)
         self._check_code(job)
-        await upload(self.kernels, job.work)
-        await publish_spec(self.conn, self.broker, spec)
+        # At once (each a round trip): a worker reads either only once a chunk came.
+        await gather_all(upload(self.kernels, job.work), publish_spec(self.conn, self.broker, spec))
         return spec
 
     def lease_set(
