@@ -18,7 +18,7 @@ the checked argmin. Two worker processes in every system:
   work-queue stream, 2 worker processes pulling and publishing one (loss, config) per batch
   into a results stream, the client folding as they arrive. No leases or retries: the floor.
 
-Every system is warmed with one small job; then each round runs `--jobs` jobs of each
+Every system is warmed with one small job and one of each size; then each round runs `--jobs` jobs of each
 size per system, the order rotated each round. One JSON line per system and size (medians
 and p90s over rounds x jobs), then one line of ratios per size (the fabric's median over
 each peer's; under 1: the fabric is faster).
@@ -298,8 +298,12 @@ async def bench(args: argparse.Namespace, pool: Pool) -> list[dict[str, Any]]:
             if args.dask:
                 client = await asyncio.to_thread(start_dask)
                 systems += [DaskBatches(client, b) for b in BATCHES]
-            for system in systems:  # warm: processes up, code loaded
-                await system.job(list(range(WARM_N)))
+            # Warm: processes up, code loaded, and a job of each size run, so the fabric's
+            # executor lanes (one per lease, started as a job's leases first need them) are
+            # all up before a job is timed, as after a session's first jobs.
+            for system in systems:
+                for n in [WARM_N, *args.n]:
+                    await system.job(list(range(n)))
             fabric.cpu_s.clear()  # the warm job's CPU is not counted
             fabric.jobs.clear()
             fabric.exited = 0

@@ -120,7 +120,8 @@ async def _publish_round(
                 data = encode(Chunk(job=job, index=first, input=bytes(inputs[first])))
                 end = None
             else:
-                packed = tuple(map(bytes, map(inputs.__getitem__, range(first, last + 1))))
+                # Inputs are bytes already (Job.encode_many): no call per chunk to copy them.
+                packed = tuple(map(inputs.__getitem__, range(first, last + 1)))
                 data = encode(ChunkPack(job=job, first=first, inputs=packed))
                 end = last
             msg_id = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -86,8 +87,9 @@ class Window:
     def finished_run(self, first: int, n: int) -> None:
         """Chunks `first` .. `first + n - 1` have results: free the places of those in flight."""
         before = len(self._inflight)
-        pop = self._inflight.pop
-        freed = sum([pop(i, 0) for i in range(first, first + n)])
+        # map over two iterables: no Python call per chunk (a listcomp's was a twentieth of a
+        # job of tiny chunks' coordinator CPU).
+        freed = sum(map(self._inflight.pop, range(first, first + n), itertools.repeat(0, n)))
         if len(self._inflight) == before:
             return
         self._bytes -= freed
@@ -271,7 +273,7 @@ class Submission:
         acks = self._acks or await self._start_publishing()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
         indices = list(batch)
-        again = [i for i in indices if i in self.retried]
+        again = [i for i in indices if i in self.retried] if self.retried else []
         plain = [i for i in indices if i not in self.retried] if again else indices
         for chunks, rerun in ((plain, ""), (again, self.rerun)):
             if chunks:
