@@ -18,10 +18,10 @@ the checked argmin. Two worker processes in every system:
   work-queue stream, 2 worker processes pulling and publishing one (loss, config) per batch
   into a results stream, the client folding as they arrive. No leases or retries: the floor.
 
-Every system is warmed with one small job and one of each size; then each round runs `--jobs` jobs of each
-size per system, the order rotated each round. One JSON line per system and size (medians
-and p90s over rounds x jobs), then one line of ratios per size (the fabric's median over
-each peer's; under 1: the fabric is faster).
+Every system is warmed with one small job and one of each size; then each round runs
+`--jobs` jobs of each size per system, the order rotated each round. One JSON line per
+system and size (medians and p90s over rounds x jobs), then one line of ratios per size (the
+fabric's median over each peer's; under 1: the fabric is faster).
 
     python bench/batched.py                        # n = 10,000 and 100,000; 5 rounds x 3 jobs
     python bench/batched.py --n 10000 --rounds 2 --jobs 2 --no-dask
