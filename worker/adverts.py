@@ -15,7 +15,7 @@ from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import VramfabricError, nats_errors
 from vramfabric.broker.messages import Event, Lease, NodeAdvert
-from vramfabric.broker.subjects import Subjects
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS, Subjects
 from vramfabric.kernels.code import python_version
 from vramfabric.kernels.registry import kernel_names
 
@@ -45,6 +45,7 @@ def node_facts(settings: WorkerSettings, containment: str) -> dict[str, Any]:
         "allow_code": settings.allow_code,
         "containment": containment,
         "packs": True,
+        "max_pack_chunks": MAX_PACK_CHUNKS,
         "kernels": kernel_names(settings.kernel_modules),
     }
 

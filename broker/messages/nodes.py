@@ -62,6 +62,8 @@ class NodeAdvert:
     # Whether it runs packed chunks (ChunkPack): a coordinator packs a job's chunks only while
     # every node holding its leases does, since a worker of an older version drops a pack.
     packs: bool = False
+    # The most chunks it takes in one pack: an older node does not say, and takes 1,000.
+    max_pack_chunks: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
     # The registered kernels it runs, by name (built-ins and its --kernel-module ones): a
     # coordinator leases for a registered kernel only where it is listed. None: a worker of an
     # older version, which does not say (assumed to run any, as before).

@@ -6,8 +6,9 @@ import re
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 # Chunks per packed message (ChunkPack, PackResult) at most: a pack's inputs and outputs fit
-# the server's 1 MiB payload, and a pack is retried whole.
-MAX_PACK_CHUNKS = 1000
+# the server's 1 MiB payload (tiny ones: larger go by bytes), and a pack is retried whole. A
+# node says how many it takes (NodeAdvert.max_pack_chunks): nodes of older versions, 1,000.
+MAX_PACK_CHUNKS = 10_000
 # A chunk index as `result()` writes it: ASCII digits, no sign, no leading zero, and short
 # enough to be an int64 (int() of a huge string raises, and `²` passes `str.isdigit`).
 INDEX = re.compile(r"0|[1-9][0-9]{0,17}")

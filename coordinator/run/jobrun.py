@@ -24,6 +24,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CapacityExceeded, VramfabricError
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 
 from ..aggregate import Aggregator
 from ..jobs.job import Job
@@ -84,7 +85,11 @@ class JobRun:
 
     def __attrs_post_init__(self) -> None:
         """Build the run's parts; nothing talks to the server until `start`."""
-        self.window = Window(self.settings.submit_window, self.settings.submit_window_bytes)
+        settings = self.settings
+        # The packer is made below (it reads the results' speed): asked only once chunks go.
+        self.window = Window(
+            settings.submit_window, settings.submit_window_bytes, lambda: self.packer.pack_size()
+        )
         self.results = ResultsConsumer(
             conn=self.conn,
             broker=self.broker,
@@ -97,7 +102,9 @@ class JobRun:
             stall_s=self.settings.follow_stall_s,
             set_aside_failed=self.retry_failed,
         )
-        self.packer = Packer(self._chunks_per_message(), self.results.speed, self._packable)
+        self.packer = Packer(
+            self._chunks_per_message(), self.results.speed, self._pack_limit, self.spec.n_chunks
+        )
         self.growth = LeaseGrowth(
             pool=self.pool,
             fleet=self.fleet,
@@ -214,10 +221,16 @@ class JobRun:
         own = self.job.chunks_per_message
         return self.settings.chunks_per_message if own is None else own
 
-    def _packable(self) -> bool:
-        """Whether every node holding the job's leases runs packed chunks."""
+    def _pack_limit(self) -> int:
+        """The most chunks every node holding the job's leases takes in a pack (1: no packs)."""
         adverts = self.fleet.adverts
-        return all(n in adverts and adverts[n].packs for n in self.pool.by_node())
+        return min(
+            (
+                adverts[n].max_pack_chunks if n in adverts and adverts[n].packs else 1
+                for n in self.pool.by_node()
+            ),
+            default=MAX_PACK_CHUNKS,
+        )
 
     async def _lease(self, target: int, min_slices: int) -> None:
         """Create the job's consumer, lease slices and start growing the pool.

@@ -26,7 +26,7 @@ from vramfabric.broker.settings import BrokerSettings
 
 from ..jobs.job import BLOCK_CHUNKS, InputsDigest, Job, blocks
 from ..jobs.publish import PUBLISH_ACK_WAIT_S, submit_chunks
-from .packing import PROBE_WAIT_S, Packer
+from .packing import PROBE_WAIT_S, SPREAD_MIN_CHUNKS, Packer
 from .results import ResultsConsumer
 
 log = logging.getLogger(__name__)
@@ -38,23 +38,32 @@ _BATCH_BYTES = 8 * 2**20
 
 @attrs.define
 class Window:
-    """Chunks submitted and not yet finished, at most `max_chunks` of them and `max_bytes`."""
+    """Chunks submitted and not yet finished, at most `max_chunks` of them and `max_bytes`.
+
+    A pack of more than SPREAD_MIN_CHUNKS chunks counts as that many against `max_chunks`
+    (`chunk_limit`): the window holds as many big packs in flight as it did of packs of
+    1,000, the most a pack held before nodes took more.
+    """
 
     max_chunks: int
     max_bytes: int
+    # Chunks per message now (Packer.pack_size).
+    pack_size: Callable[[], int] = lambda: 1
     _inflight: dict[int, int] = attrs.field(factory=dict, init=False)  # index -> input bytes
     _bytes: int = attrs.field(default=0, init=False)
     _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _freed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # any place freed
     # The submitter is woken only once a batch's worth is free (at most this many chunks and
     # bytes in flight), so it publishes batches rather than one chunk per freed place.
-    _refill_chunks: int = attrs.field(init=False)
     _refill_bytes: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        """The refill marks, from the limits (a result of each chunk checks them)."""
-        self._refill_chunks = self.max_chunks - max(1, min(_BATCH, self.max_chunks // 4))
+        """The bytes' refill mark, from the limit (a result of each chunk checks it)."""
         self._refill_bytes = self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
+
+    def chunk_limit(self) -> int:
+        """The chunks that may be in flight now: `max_chunks`, scaled for big packs."""
+        return self.max_chunks * max(1, self.pack_size() // SPREAD_MIN_CHUNKS)
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -63,7 +72,7 @@ class Window:
         """Whether a chunk of `size` bytes may go out now (an empty window takes any one)."""
         if not self._inflight:
             return True
-        return len(self._inflight) < self.max_chunks and self._bytes + size <= self.max_bytes
+        return len(self._inflight) < self.chunk_limit() and self._bytes + size <= self.max_bytes
 
     def add(self, index: int, size: int) -> None:
         """Count chunk `index` as in flight."""
@@ -72,7 +81,7 @@ class Window:
 
     def fits_run(self, n_chunks: int, n_bytes: int) -> bool:
         """Whether `n_chunks` chunks of `n_bytes` in all may go out now, within both limits."""
-        fits_chunks = len(self._inflight) + n_chunks <= self.max_chunks
+        fits_chunks = len(self._inflight) + n_chunks <= self.chunk_limit()
         return fits_chunks and self._bytes + n_bytes <= self.max_bytes
 
     def add_run(self, first: int, sizes: list[int]) -> None:
@@ -94,7 +103,9 @@ class Window:
             return
         self._bytes -= freed
         self._freed.set()
-        if len(self._inflight) <= self._refill_chunks and self._bytes <= self._refill_bytes:
+        limit = self.chunk_limit()
+        refill_chunks = limit - max(1, min(_BATCH, limit // 4))
+        if len(self._inflight) <= refill_chunks and self._bytes <= self._refill_bytes:
             self._room.set()
 
     async def wait_below(self, n_chunks: int, timeout_s: float | None = None) -> None:
@@ -139,6 +150,9 @@ class Submission:
     digest: InputsDigest = attrs.field(factory=InputsDigest, init=False)
     _batch: dict[int, bytes] = attrs.field(factory=dict, init=False)
     _batch_bytes: int = attrs.field(default=0, init=False)
+    # Chunks a batch holds at most: _BATCH, or a whole pack where packs are bigger (set at
+    # each flush: the pack size is not asked per chunk).
+    _batch_max: int = attrs.field(default=_BATCH, init=False)
     _acks: AckedPublisher | None = attrs.field(default=None, init=False)
 
     async def run(self) -> int:
@@ -211,8 +225,8 @@ class Submission:
         """
         if not self.packer.unthrottled:
             return 0
-        room = _BATCH - 1 - len(self._batch)
-        k = min(len(encoded) - start, room, self.window.max_chunks - len(self.window))
+        room = self._batch_max - 1 - len(self._batch)
+        k = min(len(encoded) - start, room, self.window.chunk_limit() - len(self.window))
         if k <= 0:
             return 0
         data = encoded[start : start + k]
@@ -236,7 +250,7 @@ class Submission:
             not self.packer.unthrottled
             or self.results.seen(index)
             or not self.window.fits(size)
-            or len(self._batch) + 1 >= _BATCH
+            or len(self._batch) + 1 >= self._batch_max
             or self._batch_bytes + size >= _BATCH_BYTES
         ):
             return False
@@ -263,7 +277,7 @@ class Submission:
         self.window.add(index, len(data))
         self._batch[index] = data
         self._batch_bytes += len(data)
-        if len(self._batch) >= _BATCH or self._batch_bytes >= _BATCH_BYTES:
+        if len(self._batch) >= self._batch_max or self._batch_bytes >= _BATCH_BYTES:
             await self._flush()
 
     async def _flush(self) -> None:
@@ -272,6 +286,7 @@ class Submission:
             return
         acks = self._acks or await self._start_publishing()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
+        self._batch_max = max(_BATCH, self.packer.pack_size())
         indices = list(batch)
         again = [i for i in indices if i in self.retried] if self.retried else []
         plain = [i for i in indices if i not in self.retried] if again else indices

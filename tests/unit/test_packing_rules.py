@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 from vramfabric.coordinator.run.packing import (
     PACK_INPUT_BYTES,
     PROBE_CHUNKS,
@@ -9,6 +10,7 @@ from vramfabric.coordinator.run.packing import (
     ChunkSpeed,
     Packer,
 )
+from vramfabric.coordinator.run.submit import Window
 
 
 def inputs(n: int, size: int = 12) -> dict[int, bytes]:
@@ -68,7 +70,7 @@ def test_packs_stop_at_gaps_bytes_and_nodes_that_cannot_run_them() -> None:
     one_big = {i: b"x" * (PACK_INPUT_BYTES if i == 5 else 1) for i in range(10)}
     assert packer.spans(list(range(10)), one_big) == [(0, 3), (4, 4), (5, 5), (6, 9)]
     # And a fleet where some node cannot run packs gets single chunks
-    cannot = Packer(4, ChunkSpeed(), packable=lambda: False)
+    cannot = Packer(4, ChunkSpeed(), pack_limit=lambda: 1)
     assert cannot.spans([0, 1, 2], inputs(3)) == [(0, 0), (1, 1), (2, 2)]
     # And 1 never packs
     assert Packer(1, ChunkSpeed()).spans([0, 1], inputs(2)) == [(0, 0), (1, 1)]
@@ -107,3 +109,21 @@ def test_messages_and_the_throttle_follow_what_results_said() -> None:
     fixed = Packer(10, ChunkSpeed())
     assert fixed.messages(1000) == 100 and fixed.unthrottled
     assert Packer(1, ChunkSpeed()).messages(7) == 7
+
+
+def test_tiny_chunks_of_a_big_job_go_in_bigger_packs_that_every_node_takes() -> None:
+    # Given chunks of 2 us (a pack of 50 ms of work would hold 25,000)
+    speed = ChunkSpeed()
+    speed.observe(0.000002)
+    # Then a job's packs hold a sixteenth of it, at least 1,000 and at most MAX_PACK_CHUNKS
+    assert Packer(0, speed, n_chunks=10_000).pack_size() == 1000
+    assert Packer(0, speed, n_chunks=100_000).pack_size() == 6250
+    assert Packer(0, speed, n_chunks=1_000_000).pack_size() == MAX_PACK_CHUNKS
+    # And no more than the nodes holding its leases take (an older node: 1,000)
+    older = Packer(0, speed, pack_limit=lambda: 1000, n_chunks=100_000)
+    assert older.pack_size() == 1000
+    assert Packer(5000, speed, pack_limit=lambda: 1000).pack_size() == 1000
+    # And the window holds as many of them in flight as of packs of 1,000
+    window = Window(max_chunks=10_000, max_bytes=10**9, pack_size=lambda: 6250)
+    assert window.chunk_limit() == 60_000
+    assert Window(max_chunks=10_000, max_bytes=10**9, pack_size=lambda: 1).chunk_limit() == 10_000

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from nats.aio.msg import Msg
 
-from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, Subjects, token
+from vramfabric.broker.subjects import HEADER_MSG_ID, LEASE_OPS, MAX_PACK_CHUNKS, Subjects, token
 
 
 def test_default_prefix_is_vf() -> None:
@@ -263,7 +263,8 @@ def test_result_range_is_the_chunks_of_this_job_only() -> None:
     assert s.result_range(pack, "acme", "job-1", 6) == (2, 5)
     assert s.result_range(pack, "acme", "job-1", 5) is None  # its last chunk is past the end
     # No pack is longer than MAX_PACK_CHUNKS: a forged one cannot claim a whole job.
-    assert s.result_range(s.result("acme", "job-1", 0, 5000), "acme", "job-1", 10**6) is None
+    long = s.result("acme", "job-1", 0, MAX_PACK_CHUNKS)
+    assert s.result_range(long, "acme", "job-1", 10**6) is None
 
 
 @pytest.mark.parametrize(
