@@ -49,6 +49,9 @@ PACK_INPUT_BYTES = 256 * 2**10
 # packs of 5,000.
 SPREAD_PACKS = 16
 SPREAD_MIN_CHUNKS = 1000
+# ... and past SPREAD_MIN_CHUNKS a pack's outputs (as results showed them) stay within this,
+# or the worker would put those past its result's payload in the outputs store, one by one.
+PACK_OUTPUT_BYTES = 256 * 2**10
 # Auto: chunks sent alone before any result, four times as many every PROBE_WAIT_S without
 # one. A tiny chunk's result comes back within milliseconds on a warm fleet; a job of long
 # chunks on a large fleet fills its leases within 0.2 s, not after a whole chunk's
@@ -70,13 +73,19 @@ class ChunkSpeed:
     # The longest a chunk took (a pack's average for its chunks).
     slowest_s: float = 0.0
     n_results: int = 0
+    # The most output bytes a chunk gave (a pack's average for its inline outputs).
+    output_bytes: float = 0.0
     _first: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
-    def observe(self, elapsed_s: float, n_chunks: int = 1) -> None:
-        """Count a result of `n_chunks` chunks that ran `elapsed_s` on its node."""
+    def observe(self, elapsed_s: float, n_chunks: int = 1, output_bytes: int = 0) -> None:
+        """Count a result of `n_chunks` chunks that ran `elapsed_s` on its node.
+
+        `output_bytes`: what their inline outputs came to, together.
+        """
         if elapsed_s <= 0 or n_chunks <= 0:
             return  # a result recorded by a coordinator, not run
         each = elapsed_s / n_chunks
+        self.output_bytes = max(self.output_bytes, output_bytes / n_chunks)
         self.n_results += 1
         self._first.set()
         self.chunk_s = each if self.chunk_s is None else min(self.chunk_s, each)
@@ -153,7 +162,8 @@ class Packer:
         if chunk_s is None or chunk_s >= TINY_CHUNK_S:
             return 1
         spread = max(SPREAD_MIN_CHUNKS, -(-self.n_chunks // SPREAD_PACKS))
-        size = min(limit, spread, TARGET_PACK_S / max(chunk_s, 1e-6))
+        fits = max(SPREAD_MIN_CHUNKS, PACK_OUTPUT_BYTES / max(self.speed.output_bytes, 1.0))
+        size = min(limit, spread, fits, TARGET_PACK_S / max(chunk_s, 1e-6))
         return max(1, int(min(size, MAX_PACK_S / max(self.speed.slowest_s, 1e-6))))
 
     def messages(self, n_chunks: int) -> int:

@@ -147,15 +147,15 @@ class ResultsConsumer:
             await self._on_pack(got, span)
             return
         if got.ok:  # a chunk that failed at once says nothing of how long the others run
-            self.speed.observe(got.cost_s or got.elapsed_s)
+            self.speed.observe(got.cost_s or got.elapsed_s, 1, len(got.output or b""))
         self.add(await self._output(got))
 
     async def _on_pack(self, pack: PackResult, span: Span) -> None:
         """Fold each chunk of a pack's result."""
         if any(out is not None for out in pack.outputs):
-            self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs))
-        # Counted (metrics, progress) once for the pack: per chunk it was a tenth of the
-        # coordinator's CPU on a job of tiny chunks.
+            n_bytes = sum(map(len, filter(None, pack.outputs)))
+            self.speed.observe(pack.cost_s or pack.elapsed_s, len(pack.outputs), n_bytes)
+        # Counted (metrics, progress) once for the pack: per chunk, a tenth of a tiny job's CPU.
         fresh = not pack.others and not self._replay.waiting
         if fresh and self.fresh(pack.first, len(pack.outputs)):
             folded = self._fold_run(pack.first, pack.outputs)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 from vramfabric.coordinator.run.packing import (
     PACK_INPUT_BYTES,
+    PACK_OUTPUT_BYTES,
     PROBE_CHUNKS,
     PROBE_WAIT_S,
     ChunkSpeed,
@@ -123,6 +124,11 @@ def test_tiny_chunks_of_a_big_job_go_in_bigger_packs_that_every_node_takes() -> 
     older = Packer(0, speed, pack_limit=lambda: 1000, n_chunks=100_000)
     assert older.pack_size() == 1000
     assert Packer(5000, speed, pack_limit=lambda: 1000).pack_size() == 1000
+    # And past 1,000 their outputs (as results showed them) stay within PACK_OUTPUT_BYTES
+    speed.observe(0.000002 * 10, n_chunks=10, output_bytes=10 * 200)
+    assert Packer(0, speed, n_chunks=100_000).pack_size() == PACK_OUTPUT_BYTES // 200
+    speed.observe(0.000002 * 10, n_chunks=10, output_bytes=10 * 2000)
+    assert Packer(0, speed, n_chunks=100_000).pack_size() == 1000
     # And the window holds as many of them in flight as of packs of 1,000
     window = Window(max_chunks=10_000, max_bytes=10**9, pack_size=lambda: 6250)
     assert window.chunk_limit() == 60_000
