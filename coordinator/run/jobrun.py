@@ -85,11 +85,7 @@ class JobRun:
 
     def __attrs_post_init__(self) -> None:
         """Build the run's parts; nothing talks to the server until `start`."""
-        settings = self.settings
-        # The packer is made below (it reads the results' speed): asked only once chunks go.
-        self.window = Window(
-            settings.submit_window, settings.submit_window_bytes, lambda: self.packer.pack_size()
-        )
+        self.window = Window(self.settings.submit_window, self.settings.submit_window_bytes)
         self.results = ResultsConsumer(
             conn=self.conn,
             broker=self.broker,

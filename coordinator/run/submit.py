@@ -47,8 +47,9 @@ class Window:
 
     max_chunks: int
     max_bytes: int
-    # Chunks per message now (Packer.pack_size).
-    pack_size: Callable[[], int] = lambda: 1
+    # Chunks per message as of the last batch published (Packer.pack_size; set by the
+    # submission, not asked per chunk).
+    pack_size: int = 1
     _inflight: dict[int, int] = attrs.field(factory=dict, init=False)  # index -> input bytes
     _bytes: int = attrs.field(default=0, init=False)
     _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
@@ -63,7 +64,7 @@ class Window:
 
     def chunk_limit(self) -> int:
         """The chunks that may be in flight now: `max_chunks`, scaled for big packs."""
-        return self.max_chunks * max(1, self.pack_size() // SPREAD_MIN_CHUNKS)
+        return self.max_chunks * max(1, self.pack_size // SPREAD_MIN_CHUNKS)
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -286,7 +287,8 @@ class Submission:
             return
         acks = self._acks or await self._start_publishing()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
-        self._batch_max = max(_BATCH, self.packer.pack_size())
+        self.window.pack_size = self.packer.pack_size()
+        self._batch_max = max(_BATCH, self.window.pack_size)
         indices = list(batch)
         again = [i for i in indices if i in self.retried] if self.retried else []
         plain = [i for i in indices if i not in self.retried] if again else indices

@@ -130,6 +130,6 @@ def test_tiny_chunks_of_a_big_job_go_in_bigger_packs_that_every_node_takes() -> 
     speed.observe(0.000002 * 10, n_chunks=10, output_bytes=10 * 2000)
     assert Packer(0, speed, n_chunks=100_000).pack_size() == 1000
     # And the window holds as many of them in flight as of packs of 1,000
-    window = Window(max_chunks=10_000, max_bytes=10**9, pack_size=lambda: 6250)
+    window = Window(max_chunks=10_000, max_bytes=10**9, pack_size=6250)
     assert window.chunk_limit() == 60_000
-    assert Window(max_chunks=10_000, max_bytes=10**9, pack_size=lambda: 1).chunk_limit() == 10_000
+    assert Window(max_chunks=10_000, max_bytes=10**9, pack_size=1).chunk_limit() == 10_000
