@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]+")
-# Chunks per packed message (ChunkPack, PackResult) at most: a pack's inputs and outputs fit
-# the server's 1 MiB payload (tiny ones: larger go by bytes), and a pack is retried whole. A
-# node says how many it takes (NodeAdvert.max_pack_chunks): nodes of older versions, 1,000.
-MAX_PACK_CHUNKS = 10_000
+# Chunks per packed message (ChunkPack, PackResult) at most: a pack is retried whole, and the
+# result of a pack whose every chunk failed still fits the server's 1 MiB payload (each
+# failure, its texts shortened, takes about 420 bytes of it: test_pack_texts.py). A node
+# says how many it takes (NodeAdvert.max_pack_chunks): nodes of older versions, 1,000.
+MAX_PACK_CHUNKS = 2000
 # A chunk index as `result()` writes it: ASCII digits, no sign, no leading zero, and short
 # enough to be an int64 (int() of a huge string raises, and `²` passes `str.isdigit`).
 INDEX = re.compile(r"0|[1-9][0-9]{0,17}")

@@ -149,9 +149,9 @@ def test_a_job_needs_a_kernel_or_a_cuda_table(tmp_path: Path, toml: str, message
         load(job_dir(tmp_path, toml))
 
 
-@pytest.mark.parametrize("value", ["-1", "10001", "true", '"4"', "2.5"])
+@pytest.mark.parametrize("value", ["-1", "2001", "true", '"4"', "2.5"])
 def test_chunks_per_message_must_be_an_integer_in_range(tmp_path: Path, value: str) -> None:
-    with pytest.raises(ValueError, match="chunks_per_message must be an integer from 0 to 10000"):
+    with pytest.raises(ValueError, match="chunks_per_message must be an integer from 0 to 2000"):
         load(job_dir(tmp_path, f"chunks_per_message = {value}\n" + CUDA))
 
 
