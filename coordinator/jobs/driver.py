@@ -32,6 +32,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, PermissionDenied, VramfabricError, nats_errors
 from vramfabric.broker.jobdriver import JobDriver, JobOrigin
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.stopping import stop_task
 
 from .record import read_key
 
@@ -100,10 +101,9 @@ class Heartbeat:
         """Stop beating and delete the key: the job's record now says how its run ended."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            for outcome in await asyncio.gather(task, return_exceptions=True):
-                if not isinstance(outcome, asyncio.CancelledError | None):
-                    log.warning("job heartbeat had stopped job=%s error=%r", self.job, outcome)
+            error = await stop_task(task)  # a beat's publish may swallow one cancel
+            if error is not None:
+                log.warning("job heartbeat had stopped job=%s error=%r", self.job, error)
         try:
             with nats_errors():
                 # A delete marker with the same TTL: it hides the last beat, then goes too.

@@ -9,7 +9,6 @@ its leases.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -37,6 +36,7 @@ from vramfabric.broker.errors import (
 )
 from vramfabric.broker.messages import JobRecord, JobSpec
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.stopping import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +251,7 @@ class RunRecord:
             await asyncio.wait({finished, cancelled}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (finished, cancelled):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await stop_task(task)  # the run's publishes may swallow one cancel
         if finished.done() and not finished.cancelled():
             return bool(finished.result())
         raise JobCancelled(f"job {self.spec.job_id} was cancelled")

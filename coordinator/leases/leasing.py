@@ -12,7 +12,6 @@ a node holding tens of thousands of a job's leases gets several requests per rou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -34,6 +33,7 @@ from vramfabric.broker.messages import (
     RenewRequest,
 )
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.stopping import stop_task
 
 from ..metrics import CoordinatorMetrics
 from ..settings import CoordinatorSettings
@@ -250,9 +250,7 @@ class LeasePool:
         """Release every lease now, in batches per node, in parallel; return the count."""
         self.closing = True
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop_task(self._renewer)  # a renewal's publish may swallow one cancel
         # What requests still in flight grant goes back with the rest.
         await asyncio.gather(*self._asking, return_exceptions=True)
         return await self._release_ids(list(self.leases))

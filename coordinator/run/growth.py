@@ -14,6 +14,8 @@ import logging
 
 import attrs
 
+from vramfabric.broker.stopping import stop_task
+
 from ..leases.fleet import FleetView
 from ..leases.leasing import LeasePool
 from .packing import PROBE_LEASES_WAIT_S, Packer
@@ -48,8 +50,7 @@ class LeaseGrowth:
         """Stop growing (the pool must be closing); what the growth died of, if it did."""
         died = None
         if self._task is not None:
-            self._task.cancel()
-            (died,) = await asyncio.gather(self._task, return_exceptions=True)
+            died = await stop_task(self._task)  # a lease request may swallow one cancel
         # A lease request it left in flight is the pool's: its release waits for it.
         return died if isinstance(died, Exception) else None
 
