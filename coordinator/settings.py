@@ -45,7 +45,7 @@ class CoordinatorSettings:
     )
     # Chunks (and bytes of input) a run keeps submitted but without a result: its inputs are
     # read lazily, so these bound the coordinator's memory and the work stream, not the job.
-    # A pack of more than 1,000 chunks counts as 1,000 (coordinator/run/submit.py, Window).
+    # A pack of more than 1,000 chunks counts as 1,000 (coordinator/run/window.py).
     submit_window: int = attrs.field(default=10_000, validator=attrs.validators.gt(0))
     submit_window_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.gt(0))
     # A results follower that gets nothing this long while the stream holds results for it

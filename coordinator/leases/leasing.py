@@ -250,7 +250,9 @@ class LeasePool:
         """Release every lease now, in batches per node, in parallel; return the count."""
         self.closing = True
         if self._renewer is not None:
-            await stop_task(self._renewer)  # a renewal's publish may swallow one cancel
+            error = await stop_task(self._renewer)  # a renewal's publish may swallow a cancel
+            if error is not None:  # recorded: the leases go back all the same
+                log.warning("lease renewal had stopped error=%r", error)
         # What requests still in flight grant goes back with the rest.
         await asyncio.gather(*self._asking, return_exceptions=True)
         return await self._release_ids(list(self.leases))

@@ -14,8 +14,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
-from typing import Any
 
 import attrs
 
@@ -42,8 +40,10 @@ from .growth import FIRST_LEASES, LeaseGrowth
 from .packing import Packer
 from .rerun import reopen
 from .results import Progress, ResultsConsumer
-from .submit import Submission, Window
+from .submit import Submission
 from .timeline import Point, Timeline
+from .together import gather_all
+from .window import Window
 
 log = logging.getLogger(__name__)
 
@@ -295,12 +295,3 @@ class JobRun:
             )
         except VramfabricError as exc:
             log.warning("job consumer not deleted job=%s error=%s", self.spec.job_id, exc)
-
-
-async def gather_all(*steps: Awaitable[Any]) -> list[Any]:
-    """The steps' results, run at once; the first error once every step has ended."""
-    outcomes = await asyncio.gather(*steps, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return outcomes

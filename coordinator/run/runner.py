@@ -34,8 +34,9 @@ from ..metrics import CoordinatorMetrics
 from ..settings import CoordinatorSettings
 from .driving import drive
 from .jobresult import JobResult
-from .jobrun import JobRun, gather_all
+from .jobrun import JobRun
 from .results import Progress
+from .together import gather_all
 
 log = logging.getLogger(__name__)
 

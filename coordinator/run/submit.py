@@ -10,9 +10,6 @@ as single chunks or packs of tiny ones (packing.py).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -26,102 +23,11 @@ from vramfabric.broker.settings import BrokerSettings
 
 from ..jobs.job import BLOCK_CHUNKS, InputsDigest, Job, blocks
 from ..jobs.publish import PUBLISH_ACK_WAIT_S, submit_chunks
-from .packing import PROBE_WAIT_S, SPREAD_MIN_CHUNKS, Packer
+from .packing import PROBE_WAIT_S, Packer
 from .results import ResultsConsumer
+from .window import BATCH_BYTES, BATCH_CHUNKS, Window
 
 log = logging.getLogger(__name__)
-
-# A batch is published (and its PubAcks awaited) once it holds this many chunks or bytes.
-_BATCH = 1000
-_BATCH_BYTES = 8 * 2**20
-
-
-@attrs.define
-class Window:
-    """Chunks submitted and not yet finished, at most `max_chunks` of them and `max_bytes`.
-
-    A pack of more than SPREAD_MIN_CHUNKS chunks counts as that many against `max_chunks`
-    (`chunk_limit`): the window holds as many big packs in flight as it did of packs of
-    1,000, the most a pack held before nodes took more.
-    """
-
-    max_chunks: int
-    max_bytes: int
-    # Chunks per message as of the last batch published (Packer.pack_size; set by the
-    # submission, not asked per chunk).
-    pack_size: int = 1
-    _inflight: dict[int, int] = attrs.field(factory=dict, init=False)  # index -> input bytes
-    _bytes: int = attrs.field(default=0, init=False)
-    _room: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _freed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # any place freed
-    # The submitter is woken only once a batch's worth is free (at most this many chunks and
-    # bytes in flight), so it publishes batches rather than one chunk per freed place.
-    _refill_bytes: int = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        """The bytes' refill mark, from the limit (a result of each chunk checks it)."""
-        self._refill_bytes = self.max_bytes - min(_BATCH_BYTES, self.max_bytes // 4)
-
-    def chunk_limit(self) -> int:
-        """The chunks that may be in flight now: `max_chunks`, scaled for big packs."""
-        return self.max_chunks * max(1, self.pack_size // SPREAD_MIN_CHUNKS)
-
-    def __len__(self) -> int:
-        return len(self._inflight)
-
-    def fits(self, size: int) -> bool:
-        """Whether a chunk of `size` bytes may go out now (an empty window takes any one)."""
-        if not self._inflight:
-            return True
-        return len(self._inflight) < self.chunk_limit() and self._bytes + size <= self.max_bytes
-
-    def add(self, index: int, size: int) -> None:
-        """Count chunk `index` as in flight."""
-        self._inflight[index] = size
-        self._bytes += size
-
-    def fits_run(self, n_chunks: int, n_bytes: int) -> bool:
-        """Whether `n_chunks` chunks of `n_bytes` in all may go out now, within both limits."""
-        fits_chunks = len(self._inflight) + n_chunks <= self.chunk_limit()
-        return fits_chunks and self._bytes + n_bytes <= self.max_bytes
-
-    def add_run(self, first: int, sizes: list[int]) -> None:
-        """Count chunks `first`, `first + 1`, ... of input `sizes` as in flight."""
-        self._inflight.update(zip(range(first, first + len(sizes)), sizes, strict=True))
-        self._bytes += sum(sizes)
-
-    def finished(self, index: int) -> None:
-        """Chunk `index` has a result: free its place (nothing if it was not in flight)."""
-        self.finished_run(index, 1)
-
-    def finished_run(self, first: int, n: int) -> None:
-        """Chunks `first` .. `first + n - 1` have results: free the places of those in flight."""
-        before = len(self._inflight)
-        # map over two iterables: no Python call per chunk (a listcomp's was a twentieth of a
-        # job of tiny chunks' coordinator CPU).
-        freed = sum(map(self._inflight.pop, range(first, first + n), itertools.repeat(0, n)))
-        if len(self._inflight) == before:
-            return
-        self._bytes -= freed
-        self._freed.set()
-        limit = self.chunk_limit()
-        refill_chunks = limit - max(1, min(_BATCH, limit // 4))
-        if len(self._inflight) <= refill_chunks and self._bytes <= self._refill_bytes:
-            self._room.set()
-
-    async def wait_below(self, n_chunks: int, timeout_s: float | None = None) -> None:
-        """Wait until fewer than `n_chunks` chunks are in flight, or `timeout_s` passed."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                while len(self._inflight) >= n_chunks:
-                    self._freed.clear()
-                    await self._freed.wait()
-
-    async def wait_room(self, size: int) -> None:
-        """Wait until a chunk of `size` bytes fits."""
-        while not self.fits(size):
-            self._room.clear()
-            await self._room.wait()
 
 
 @attrs.define
@@ -151,9 +57,9 @@ class Submission:
     digest: InputsDigest = attrs.field(factory=InputsDigest, init=False)
     _batch: dict[int, bytes] = attrs.field(factory=dict, init=False)
     _batch_bytes: int = attrs.field(default=0, init=False)
-    # Chunks a batch holds at most: _BATCH, or a whole pack where packs are bigger (set at
+    # Chunks a batch holds at most: BATCH_CHUNKS, or a whole pack where packs are bigger (set at
     # each flush: the pack size is not asked per chunk).
-    _batch_max: int = attrs.field(default=_BATCH, init=False)
+    _batch_max: int = attrs.field(default=BATCH_CHUNKS, init=False)
     _acks: AckedPublisher | None = attrs.field(default=None, init=False)
 
     async def run(self) -> int:
@@ -233,7 +139,7 @@ class Submission:
         data = encoded[start : start + k]
         sizes = list(map(len, data))
         n_bytes = sum(sizes)
-        if self._batch_bytes + n_bytes >= _BATCH_BYTES or not self.window.fits_run(k, n_bytes):
+        if self._batch_bytes + n_bytes >= BATCH_BYTES or not self.window.fits_run(k, n_bytes):
             return 0
         self.window.add_run(first, sizes)
         self._batch.update(zip(range(first, first + k), data, strict=True))
@@ -252,7 +158,7 @@ class Submission:
             or self.results.seen(index)
             or not self.window.fits(size)
             or len(self._batch) + 1 >= self._batch_max
-            or self._batch_bytes + size >= _BATCH_BYTES
+            or self._batch_bytes + size >= BATCH_BYTES
         ):
             return False
         self.window.add(index, size)
@@ -278,7 +184,7 @@ class Submission:
         self.window.add(index, len(data))
         self._batch[index] = data
         self._batch_bytes += len(data)
-        if len(self._batch) >= self._batch_max or self._batch_bytes >= _BATCH_BYTES:
+        if len(self._batch) >= self._batch_max or self._batch_bytes >= BATCH_BYTES:
             await self._flush()
 
     async def _flush(self) -> None:
@@ -288,7 +194,7 @@ class Submission:
         acks = self._acks or await self._start_publishing()
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
         self.window.pack_size = self.packer.pack_size()
-        self._batch_max = max(_BATCH, self.window.pack_size)
+        self._batch_max = max(BATCH_CHUNKS, self.window.pack_size)
         indices = list(batch)
         again = [i for i in indices if i in self.retried] if self.retried else []
         plain = [i for i in indices if i not in self.retried] if again else indices

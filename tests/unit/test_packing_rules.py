@@ -11,7 +11,7 @@ from vramfabric.coordinator.run.packing import (
     ChunkSpeed,
     Packer,
 )
-from vramfabric.coordinator.run.submit import Window
+from vramfabric.coordinator.run.window import Window
 
 
 def inputs(n: int, size: int = 12) -> dict[int, bytes]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vramfabric.coordinator.run.submit import Window
+from vramfabric.coordinator.run.window import Window
 
 
 def test_window_is_full_at_its_chunk_or_byte_bound_but_takes_one_chunk_when_empty() -> None:
