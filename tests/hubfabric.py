@@ -43,6 +43,8 @@ WORKER_ARGS = [
     "--allow-shared-uid",
     "--heartbeat-s",
     "0.5",
+    # Its log (shown when a test fails) tells leases granted and reconnects, not only warnings.
+    "-v",
 ]
 
 

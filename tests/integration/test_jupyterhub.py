@@ -73,6 +73,17 @@ def leases_by_tenant(fabric: Fabric) -> dict[str, int]:
     return dict(json.loads(out.stdout)["leases_by_tenant"])
 
 
+def shown(pages: dict[str, Any]) -> dict[str, str]:
+    """Each user's page as the user sees it: how its run ended (if it did) and its cells."""
+    return {
+        user: page.evaluate(
+            "() => `${document.body.dataset.vf || 'running'}: `"
+            " + [...document.querySelectorAll('pre')].map((p) => p.textContent).join(' | ')"
+        )
+        for user, page in pages.items()
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_three_hub_users_each_run_a_gpu_cell_as_a_tenant_of_their_own(tmp_path: Path) -> None:
@@ -119,7 +130,8 @@ def test_three_hub_users_each_run_a_gpu_cell_as_a_tenant_of_their_own(tmp_path: 
                 seen.update(leases_by_tenant(fabric))
                 return tenants <= {t for t, n in seen.items() if n > 0}
 
-            assert poll_until(all_leasing, timeout_s=120, interval_s=0.2), seen
+            # On failure: what status showed, and what each user's page showed by then.
+            assert poll_until(all_leasing, timeout_s=120, interval_s=0.2), (seen, shown(pages))
             assert {t: seen[t] for t in tenants} == dict.fromkeys(tenants, 1)
             # And once released, each user sees its cell's output in the browser
             release.set()
