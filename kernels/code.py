@@ -185,14 +185,29 @@ class LoadedFunction:
 
 def wants_context(fn: Callable[..., Any]) -> bool:
     """Whether `fn` takes a `ctx` parameter."""
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
+        # A plain function's parameters are the first names of its code (positional, then
+        # keyword-only, then *args and **kwargs), as `inspect.signature` reads them: it cost
+        # an interactive call a tenth of its executor's time. `__signature__` or
+        # `__wrapped__` (a decorator's) would change what `inspect.signature` says.
+        code = fn.__code__
+        if not hasattr(fn, "__signature__"):
+            star = bool(code.co_flags & inspect.CO_VARARGS)
+            stars = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+            n = code.co_argcount + code.co_kwonlyargcount + star + stars
+            return "ctx" in code.co_varnames[:n]
     try:
         return "ctx" in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
         return False
 
 
-# Values whose pickle is the same from pickle and cloudpickle (checked in test_code.py).
+# Values whose pickle is the same from pickle and cloudpickle (checked in test_code.py) ...
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
+# ... and containers of them (dicts keyed by them), at most this deep and this long each: past
+# that, checking would cost more than cloudpickle saves.
+_CONTAINERS = frozenset((tuple, list, dict))
+_PLAIN_DEPTH, _PLAIN_ITEMS = 3, 256
 
 
 def encode_inputs(values: Sequence[Any]) -> list[bytes]:
@@ -205,8 +220,24 @@ def encode_inputs(values: Sequence[Any]) -> list[bytes]:
 
 def encode_input(value: Any) -> bytes:
     """A chunk input of a callable job: any picklable object, bytes included."""
-    kind = type(value)
-    if kind in _PLAIN or (kind is tuple and all(type(v) in _PLAIN for v in value)):
+    if _plain(value, _PLAIN_DEPTH):
         # The same bytes as cloudpickle's, at a seventh of the cost (a chunk id hashes them).
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether `value` is a `_PLAIN` value, or a short container of them `depth` deep."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if not depth or kind not in _CONTAINERS or len(value) > _PLAIN_ITEMS:
+        return False
+    if kind is dict:
+        if not set(map(type, value)) <= _PLAIN:
+            return False
+        value = value.values()
+    kinds = set(map(type, value))
+    if kinds <= _PLAIN:
+        return True
+    return kinds <= _PLAIN | _CONTAINERS and all(_plain(v, depth - 1) for v in value)

@@ -21,7 +21,7 @@ import cloudpickle
 from vramfabric.broker.codec import RemoteError
 from vramfabric.broker.errors import ErrorKind
 from vramfabric.kernels.by_value import dumps_by_value
-from vramfabric.kernels.code import Context, wants_context
+from vramfabric.kernels.code import Context, encode_input, wants_context
 
 from .printed import sent_while_running
 
@@ -76,7 +76,8 @@ def apply_fn(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Contex
         except Exception as exc:  # recorded: it travels back and is raised to the caller
             return _raised(exc)
     try:
-        return cloudpickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+        # As cloudpickle would pickle it, at a fraction of the cost for plain values.
+        return encode_input(("ok", value))
     except Exception as exc:  # recorded: the caller learns the value could not travel
         return _raised(TypeError(f"the function's result cannot be pickled: {exc}"))
 

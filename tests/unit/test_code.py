@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import pickle
 import subprocess
 import sys
@@ -182,9 +184,75 @@ def test_a_function_that_cannot_be_pickled_is_refused() -> None:
         PythonCode.of(holds_a_lock)
 
 
-@pytest.mark.parametrize(
-    "value", [5, -(2**70), 1.5, "é" * 300, b"xyz", True, None, (1, 2.0, "a", b"b", None)]
-)
+SHARED = [1, 2]
+PLAIN_VALUES: list[object] = [
+    *(5, -(2**70), 1.5, "é" * 300, b"xyz", True, None, (1, 2.0, "a", b"b", None)),
+    # Containers of them (what a call's payload is: function bytes, args, kwargs)
+    (b"fn", (3,), {}),
+    (b"fn", (1, [2.5, "x"], {"k": (None, b"v")}), {"scale": 2}),
+    [[], (), {}, [[1]]],
+    {1: "int key", "s": [1, 2], None: ()},
+    (SHARED, SHARED, {"again": SHARED}),  # the same list three times: memoized alike
+    [1] * 300,  # past the fast path's length: cloudpickle's own path
+    [[[[1]]]],  # past its depth
+]
+
+
+@pytest.mark.parametrize("value", PLAIN_VALUES)
 def test_plain_inputs_encode_as_cloudpickle_would(value: object) -> None:
     # The fast path must not change a job's inputs digest, hence its id (resume across versions)
     assert encode_input(value) == cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _positional_only(a: int, ctx: Any = None, /) -> None: ...
+def _keyword_only(a: int, *, ctx: Any = None) -> None: ...
+def _star(*ctx: Any) -> None: ...
+def _stars(**ctx: Any) -> None: ...
+def _local(a: int) -> None:
+    ctx = a  # a local, not a parameter
+    del ctx
+
+
+def _no_ctx(a: int, *args: Any, b: int = 0, **kw: Any) -> None: ...
+
+
+def _wrapped_ctx(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _with_signature() -> Any:
+    def fn(*args: Any) -> None: ...
+
+    fn.__signature__ = inspect.signature(with_ctx)  # type: ignore[attr-defined]
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        with_ctx,
+        add_offset,
+        _positional_only,
+        _keyword_only,
+        _star,
+        _stars,
+        _local,
+        _no_ctx,
+        lambda x, ctx: x,
+        lambda x: x,
+        _wrapped_ctx(with_ctx),  # the wrapper takes *args: inspect follows __wrapped__
+        _with_signature(),
+        functools.partial(with_ctx, 1),
+        print,
+    ],
+)
+def test_wants_context_reads_a_functions_parameters_as_inspect_does(fn: Any) -> None:
+    try:
+        expected = "ctx" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        expected = False
+    assert wants_context(fn) is expected
