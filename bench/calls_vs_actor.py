@@ -6,7 +6,8 @@
 - `ray_actor`: `ray.get(actor.f.remote(i))` on one actor of a local Ray of 2 CPUs.
 
 Warm: both up at once, each warmed with `--warmup` calls, then `--rounds` rounds of
-`--calls / --rounds` calls each, the systems alternated; median and p95 in milliseconds.
+`--calls / --rounds` calls each, the systems alternated; median and p95 in milliseconds, and
+the fabric's CPU per call by process (this one, nats-server, agent, executors; psutil).
 First second: `--fresh` times each, alternated, a fresh one is started: a LocalFleet, ready
 when `start()` returns; Ray, ready when `ray.init()` returns. At once the client connects
 (the fabric's `connect()` and `gpu()` block; Ray's actor made) and calls one after another
@@ -30,6 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from batched import KINDS, snapshot  # bench/ is this script's folder, first on sys.path
 
 from vramfabric.coordinator import CoordinatorSettings
 from vramfabric.local import LocalFleet
@@ -98,10 +101,15 @@ def timed(call: Call, n: int) -> list[float]:
     return out
 
 
-def warm(args: argparse.Namespace) -> dict[str, list[float]]:
-    """Both systems up; after warm-up, alternated rounds of timed calls."""
+def warm(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Both systems up; after warm-up, alternated rounds of timed calls.
+
+    Also the fabric's CPU per warm call in microseconds, by process kind: this process (the
+    caller's coordinator, both its threads) and the fleet's nats-server, agent and executors.
+    """
     fleet = LocalFleet(workers=1, simulate="1x8GiB", worker_args=("--allow-code",))
     ray, noop = start_ray()
+    cpu_s = dict.fromkeys(KINDS, 0.0)
     try:
         with fleet, fabric_calls(fleet) as fabric_call:
             calls = {"vramfabric": fabric_call, "ray_actor": ray_calls(ray, noop)}
@@ -111,10 +119,16 @@ def warm(args: argparse.Namespace) -> dict[str, list[float]]:
             names = list(calls)
             for r in range(args.rounds):
                 for name in names[r % 2 :] + names[: r % 2]:
+                    before, own0 = snapshot(), time.process_time()
                     times[name] += timed(calls[name], args.calls // args.rounds)
+                    if name == "vramfabric":
+                        cpu_s["coordinator"] += time.process_time() - own0
+                        for key, (kind, seconds) in snapshot().items():
+                            cpu_s[kind] += seconds - before.get(key, (kind, 0.0))[1]
     finally:
         ray.shutdown()
-    return times
+    n = len(times["vramfabric"])
+    return times, {kind: round(s / n * 1e6) for kind, s in cpu_s.items()}
 
 
 def first_second(ready: float, connect: Callable[[], Call]) -> tuple[list[float], float]:
@@ -165,7 +179,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--fresh", type=int, default=3, help="fresh starts per system")
     args = p.parse_args()
-    warm_s = warm(args)
+    warm_s, cpu_us = warm(args)
     starts = {"vramfabric": fresh_fabric, "ray_actor": fresh_ray}
     fresh: dict[str, list[tuple[list[float], float, float]]] = {name: [] for name in starts}
     names = list(starts)
@@ -183,7 +197,8 @@ def main() -> None:
         lines[name] = {
             "bench": "calls_vs_actor",
             "system": name,
-            "warm": _ms(warm_s[name]),
+            "warm": _ms(warm_s[name])
+            | ({"cpu_us_per_call": cpu_us} if name == "vramfabric" else {}),
             "first_second": {
                 **_ms([s for samples, _, _ in runs for s in samples]),
                 "calls_per_start": [len(samples) for samples, _, _ in runs],
