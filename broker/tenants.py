@@ -22,6 +22,7 @@ it. Workers never need credentials: give them a policy file (`write_policy`): th
 from __future__ import annotations
 
 import logging
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -201,6 +202,22 @@ def policy_text(policy: TenantPolicy) -> str:
         lines.append(f"weight = {t.weight!r}")
         lines.append(f"allow_code = {'true' if t.allow_code else 'false'}")
     return "\n".join(lines) + "\n"
+
+
+# What tells a rewritten tenants or policy file from the one read: its modification time,
+# size and inode. The time alone misses a rewrite within one tick of the file system's clock
+# (a jiffy on ext4, a second or more on some network file systems), as when a hub adds two
+# tenants at once; a file replaced by rename has a new inode, one with a tenant added a new size.
+FileStamp = tuple[int, int, int]
+
+
+def file_stamp(path: str | Path) -> FileStamp | None:
+    """The file's (mtime in ns, size, inode) now; None if it cannot be read (moved away)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def write_policy(policy: TenantPolicy, path: str | Path) -> Path:

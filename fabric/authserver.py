@@ -8,7 +8,6 @@ new tenants' streams are provisioned and the workers' policy file is rewritten i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import tempfile
@@ -44,7 +43,7 @@ class AuthServer:
     host: str = "127.0.0.1"
     _server: NatsServer | None = attrs.field(default=None, init=False)
     _folder: Path | None = attrs.field(default=None, init=False)
-    _mtime_ns: int = attrs.field(default=0, init=False)
+    _stamp: tenants.FileStamp | None = attrs.field(default=None, init=False)
     _names: set[str] = attrs.field(factory=set, init=False)
 
     @property
@@ -92,10 +91,9 @@ class AuthServer:
 
     def changed(self) -> bool:
         """Whether the tenants file was written since it was last read."""
-        try:
-            return self.tenants_path.stat().st_mtime_ns != self._mtime_ns
-        except OSError:
-            return False  # moved away for a moment (an editor's save): keep what we have
+        stamp = tenants.file_stamp(self.tenants_path)
+        # None: moved away for a moment (an editor's save): keep what we have.
+        return stamp is not None and stamp != self._stamp
 
     def reload(self) -> int:
         """Read the tenants file again and apply it; the number of tenants now.
@@ -133,8 +131,7 @@ class AuthServer:
 
     def _load(self) -> tenants.TenantsFile:
         # Noted before parsing: a bad file is reported once, and read again when written again.
-        with contextlib.suppress(OSError):
-            self._mtime_ns = self.tenants_path.stat().st_mtime_ns
+        self._stamp = tenants.file_stamp(self.tenants_path) or self._stamp
         return tenants.load(self.tenants_path)
 
     def _write(self, file: tenants.TenantsFile) -> Path:

@@ -7,9 +7,7 @@ A file that does not parse is logged once and the policy in force stays.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from pathlib import Path
 
 import attrs
 
@@ -23,19 +21,22 @@ class PolicyFile:
     """The policy file at `path` (None: no file, every tenant allowed, no quota)."""
 
     path: str | None
-    _mtime_ns: int = attrs.field(default=0, init=False)
+    _stamp: tenants.FileStamp | None = attrs.field(default=None, init=False)
 
     def load(self) -> tenants.TenantPolicy:
         """Read the file now; ValueError naming the problem if it does not parse."""
         if self.path is None:
             return tenants.TenantPolicy()
-        self._mtime_ns = self._stamp()
+        self._stamp = tenants.file_stamp(self.path)
         return tenants.load_policy(self.path)
 
     def reread(self) -> tenants.TenantPolicy | None:
         """The new policy if the file changed since it was read and parses; else None."""
-        if self.path is None or self._stamp() in (0, self._mtime_ns):
+        if self.path is None:
             return None
+        stamp = tenants.file_stamp(self.path)
+        if stamp is None or stamp == self._stamp:
+            return None  # moved away for a moment, or unchanged
         try:
             policy = self.load()
         except ValueError as exc:
@@ -43,8 +44,3 @@ class PolicyFile:
             return None
         log.info("tenants' policy reloaded path=%s tenants=%d", self.path, len(policy.tenants))
         return policy
-
-    def _stamp(self) -> int:
-        with contextlib.suppress(OSError):
-            return Path(str(self.path)).stat().st_mtime_ns
-        return 0
