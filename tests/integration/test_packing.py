@@ -355,13 +355,23 @@ async def test_tiny_chunks_hold_no_more_leases_than_their_packs_can_use(
     agent_factory: AgentFactory, fabric_factory: FabricFactory
 ) -> None:
     # Given two nodes of 64 slices each that run code, and a job of 2000 tiny chunks
-    for node in ("n1", "n2"):
-        await agent_factory(node, simulate="1x64GiB", allow_code=True)
+    agents = [
+        await agent_factory(node, simulate="1x64GiB", allow_code=True) for node in ("n1", "n2")
+    ]
     fabric = await fabric_factory()
     inputs = list(range(2000))
-    # (after a first job, so that the executors are up: a packed job asks for the rest of the
-    # fleet when no first result comes within 0.1 s, as on a fresh node starting processes)
+    # (after a first job, once its lanes are all up: a packed job asks for the rest of the
+    # fleet when no first result comes within 0.1 s, as on a fresh node starting processes,
+    # and a first job's chunks run in the lanes up first while the others go on starting,
+    # each taking a core for a while: 14 of them on 2 cores made a first result 0.42 s late)
     await fabric.run(Job(square_loss, list(range(64)), chunks_per_message=1), ArgMin())
+    await eventually(
+        lambda: all(
+            len(a.executors) >= a.executors.layout.lanes and not a.executors.starting
+            for a in agents
+        ),
+        timeout_s=60,
+    )
     # When it runs packed (auto, the default), and again one chunk per message
     packed = await fabric.run(Job(square_loss, inputs), ArgMin())
     alone_job = Job(square_loss, inputs, chunks_per_message=1, job_id="one-per-message")

@@ -79,6 +79,11 @@ class ExecutorSupply:
     def __len__(self) -> int:
         return sum(1 for p in self._procs.values() if p.alive)
 
+    @property
+    def starting(self) -> int:
+        """Executor processes starting now: imports and CUDA set-up take the node's CPU."""
+        return len(self._starting)
+
     def key_of(self, lease: Lease, kind: str) -> ExecKey:
         """The executor a lease's chunks of work `kind` run in (see worker/executors/layout.py)."""
         return self.layout.key_of(lease, kind)
