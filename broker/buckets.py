@@ -8,6 +8,7 @@ consumers are topology.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -136,6 +137,27 @@ async def jobs_bucket(js: JetStreamContext, settings: BrokerSettings) -> KeyValu
         ),
         what=f"create bucket {bucket}",
     )
+
+
+async def put_jobs_key(
+    js: JetStreamContext, settings: BrokerSettings, subject: str, data: bytes
+) -> None:
+    """Publish a key of the jobs bucket (its KV subject); the bucket is made if it is gone.
+
+    The bucket is made (or checked) once at connect; making sure of it before every job's
+    spec cost two requests a job. A publish no stream takes says it went missing since
+    (an operator deleted it): it is made again where this login may, and the key published
+    once more.
+    """
+    with nats_errors():
+        try:
+            await js.publish(subject, data)
+        except nats.js.errors.NoStreamResponseError:
+            log.info("no stream took a jobs key; making the jobs bucket subject=%s", subject)
+            with contextlib.suppress(PermissionDenied):
+                # With auth on, the operator made the bucket and a tenant may not look at it.
+                await jobs_bucket(js, settings)
+            await js.publish(subject, data)
 
 
 async def _jobs_stream_once(js: JetStreamContext, config: StreamConfig, bucket: str) -> KeyValue:

@@ -8,14 +8,16 @@ call on the tenant's streams; the server's words for it name a JetStream subject
 
 from __future__ import annotations
 
-from vramfabric.broker import topology
+import contextlib
+
+from vramfabric.broker import buckets, topology
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import PermissionDenied
 from vramfabric.broker.settings import BrokerSettings
 
 
 async def ensure_own_tenant(conn: Connection, broker: BrokerSettings, tenant: str) -> None:
-    """Check (or create) the tenant's streams; a refusal names the tenant and the login.
+    """Check (or create) the tenant's streams and the jobs bucket; a refusal names the login.
 
     Raises:
         PermissionDenied: the server refused this login the tenant's streams; when the
@@ -25,6 +27,10 @@ async def ensure_own_tenant(conn: Connection, broker: BrokerSettings, tenant: st
         await topology.ensure_tenant(conn.js, broker, tenant)
     except PermissionDenied as exc:
         raise PermissionDenied(tenant_refused(broker, tenant, str(exc))) from exc
+    # The shared jobs bucket, once per connection (a job's spec goes in it: put_jobs_key).
+    with contextlib.suppress(PermissionDenied):
+        # With auth on, the operator made the bucket and a tenant may not even look at it.
+        await buckets.jobs_bucket(conn.js, broker)
 
 
 def tenant_refused(broker: BrokerSettings, tenant: str, why: str) -> str:

@@ -16,7 +16,6 @@ is not granted already (broker/auth.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ import nats.errors
 from vramfabric.broker import buckets
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, PermissionDenied, VramfabricError, nats_errors
+from vramfabric.broker.errors import InvalidMessage, VramfabricError, nats_errors
 from vramfabric.broker.jobdriver import JobDriver, JobOrigin
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.stopping import stop_task
@@ -132,13 +131,9 @@ async def write_origin(
     conn: Connection, broker: BrokerSettings, tenant: str, origin: JobOrigin
 ) -> None:
     """Store how the job was started (before its run starts, so a resume can find it)."""
-    with contextlib.suppress(PermissionDenied):
-        # With auth on, the operator made the bucket and a tenant may not even look at it.
-        await buckets.jobs_bucket(conn.js, broker)
     s = broker.subjects
     subject = s.kv_subject(s.jobs_bucket(), s.job_origin_key(tenant, origin.job))
-    with nats_errors():
-        await conn.js.publish(subject, encode(origin))
+    await buckets.put_jobs_key(conn.js, broker, subject, encode(origin))
 
 
 async def read_origin(

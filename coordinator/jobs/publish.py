@@ -8,7 +8,6 @@ still queued, and those it swallowed that are no longer queued go again under fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +18,6 @@ from vramfabric.broker.codec import encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import (
     Disconnected,
-    PermissionDenied,
     TransientError,
     from_nats,
     nats_errors,
@@ -150,9 +148,5 @@ async def publish_spec(conn: Connection, broker: BrokerSettings, spec: JobSpec) 
     """Store the job's spec in `vf_jobs` (again, for a streamed job whose inputs ran out)."""
     # A KV put is a publish to the key's subject: no KV API call, so a tenant needs no
     # grant that could read or list other tenants' specs in the shared bucket.
-    with contextlib.suppress(PermissionDenied):
-        # With auth on, the operator made the bucket and a tenant may not even look at it.
-        await buckets.jobs_bucket(conn.js, broker)
     subject = broker.subjects.job_spec(spec.tenant, spec.job_id)
-    with nats_errors():
-        await conn.js.publish(subject, encode(spec))
+    await buckets.put_jobs_key(conn.js, broker, subject, encode(spec))
