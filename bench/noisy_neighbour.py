@@ -159,9 +159,7 @@ async def _victim_run(fabric: Fabric, n: int, job_id: str, best: tuple[int, floa
         print(f"victim run {job_id} failed: {exc!r}", file=sys.stderr)
         return -1.0
     value = result.value
-    matched = bool(
-        value and value[0] == best[0] and np.float32(value[1]) == np.float32(best[1])
-    )
+    matched = bool(value and value[0] == best[0] and np.float32(value[1]) == np.float32(best[1]))
     # Let adverts show the released leases before the next acquire.
     await fabric.fleet.wait_changed(timeout_s=1.0)
     return result.phases_s["total_s"] if result.ok and matched else -1.0

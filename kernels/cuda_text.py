@@ -119,9 +119,7 @@ def shared_declarations(code: str) -> list[SharedDecl]:
             element = " ".join(typed[1].split()) if typed else ""
         if names:
             file_scope = scope[match.start()] == 0
-            found.append(
-                SharedDecl(end, names, file_scope, dynamic, start, element, match.start())
-            )
+            found.append(SharedDecl(end, names, file_scope, dynamic, start, element, match.start()))
     return found
 
 

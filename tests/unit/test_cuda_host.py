@@ -140,7 +140,9 @@ def test_a_host_compile_error_names_the_line(tmp_path: Path) -> None:
     # No library and no partial file is left behind: the (empty) locks, and the failure kept.
     library = library_name_of(source)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"{library}.err", f"{library}.err.lock", f"{library}.lock"
+        f"{library}.err",
+        f"{library}.err.lock",
+        f"{library}.lock",
     ]
 
 

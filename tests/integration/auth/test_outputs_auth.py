@@ -35,7 +35,6 @@ async def test_several_outputs_of_300_kib_come_back_whole_at_once(
         assert done.value == [numbered_bytes(s) for s in specs]
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_stored_job_of_20000_results_replays_with_auth_on_without_stalls(
