@@ -183,6 +183,10 @@ class LeasePool:
             self._note()
         return len(gone)
 
+    def nodes(self) -> set[str]:
+        """The nodes the set holds leases on."""
+        return {lease.node for lease in self.leases.values()}
+
     def by_node(self, leases: Iterable[Lease] | None = None) -> dict[str, list[str]]:
         """Lease ids (of the set, or of `leases`) grouped by node."""
         groups: dict[str, list[str]] = defaultdict(list)

@@ -223,7 +223,7 @@ class JobRun:
         return min(
             (
                 adverts[n].max_pack_chunks if n in adverts and adverts[n].packs else 1
-                for n in self.pool.by_node()
+                for n in self.pool.nodes()
             ),
             default=MAX_PACK_CHUNKS,
         )

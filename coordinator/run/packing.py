@@ -175,8 +175,14 @@ class Packer:
         """
         return -(-n_chunks // self.pack_size())
 
-    def spans(self, indices: list[int], inputs: Mapping[int, bytes]) -> list[Span]:
-        """The batch's chunks (in order) as messages: runs of contiguous chunks, or one each."""
+    def spans(
+        self, indices: list[int], inputs: Mapping[int, bytes], n_bytes: int | None = None
+    ) -> list[Span]:
+        """The batch's chunks (in order) as messages: runs of contiguous chunks, or one each.
+
+        `n_bytes`: the batch's inputs' bytes together, if known (no pack's are counted then
+        where all of them fit in one).
+        """
         size = self.pack_size()
         if size == 1:
             return [(i, i) for i in indices]
@@ -184,9 +190,10 @@ class Packer:
         if indices and indices == list(range(indices[0], indices[0] + len(indices))):
             # Contiguous (a fresh job's batch): cut every `size`, while within the bytes.
             end = indices[-1] + 1
+            fits = n_bytes is not None and n_bytes <= PACK_INPUT_BYTES
             for first in range(indices[0], end, size):
                 last = min(first + size, end) - 1
-                if sum(map(len, map(inputs.__getitem__, range(first, last + 1)))) > (
+                if not fits and sum(map(len, map(inputs.__getitem__, range(first, last + 1)))) > (
                     PACK_INPUT_BYTES
                 ):
                     indices = indices[first - indices[0] :]  # the rest cut chunk by chunk

@@ -169,8 +169,9 @@ class Submission:
     async def _add(self, index: int, data: bytes) -> None:
         if self.results.seen(index):
             # Reopened with its pack, its result already folded: no result of it will free
-            # a place in the window, so it takes none.
+            # a place in the window, so it takes none (its bytes count in the batch's).
             self._batch[index] = data
+            self._batch_bytes += len(data)
             return
         if not self.window.fits(len(data)):
             await self._flush()  # its chunks count against the window: publish them first
@@ -192,7 +193,8 @@ class Submission:
         if not self._batch:
             return
         acks = self._acks or await self._start_publishing()
-        batch, self._batch, self._batch_bytes = self._batch, {}, 0
+        batch, n_bytes = self._batch, self._batch_bytes
+        self._batch, self._batch_bytes = {}, 0
         self.window.pack_size = self.packer.pack_size()
         self._batch_max = max(BATCH_CHUNKS, self.window.pack_size)
         indices = list(batch)
@@ -200,7 +202,7 @@ class Submission:
         plain = [i for i in indices if i not in self.retried] if again else indices
         for chunks, rerun in ((plain, ""), (again, self.rerun)):
             if chunks:
-                spans = self.packer.spans(chunks, batch)
+                spans = self.packer.spans(chunks, batch, n_bytes)
                 await submit_chunks(self.conn, self.broker, self.spec, batch, spans, rerun, acks)
         self.n_submitted += len(indices)
 

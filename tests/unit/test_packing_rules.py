@@ -67,6 +67,9 @@ def test_packs_stop_at_gaps_bytes_and_nodes_that_cannot_run_them() -> None:
     assert packer.spans([0, 1, 3, 4, 5, 6, 7], inputs(8)) == [(0, 1), (3, 6), (7, 7)]
     big = {i: b"x" * (PACK_INPUT_BYTES // 2) for i in range(4)}
     assert packer.spans([0, 1, 2, 3], big) == [(0, 1), (2, 3)]
+    # (also when the batch says its bytes: only a batch within one pack's skips the count)
+    assert packer.spans([0, 1, 2, 3], big, n_bytes=2 * PACK_INPUT_BYTES) == [(0, 1), (2, 3)]
+    assert packer.spans(list(range(8)), inputs(8), n_bytes=96) == [(0, 3), (4, 7)]
     # And a contiguous batch with one full-sized input is cut around it, the rest by 4
     one_big = {i: b"x" * (PACK_INPUT_BYTES if i == 5 else 1) for i in range(10)}
     assert packer.spans(list(range(10)), one_big) == [(0, 3), (4, 4), (5, 5), (6, 9)]
