@@ -12,7 +12,6 @@ stalled through several resubscribes fails with `FollowerStalled` rather than ha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from vramfabric.broker.errors import (
     nats_errors,
 )
 from vramfabric.broker.retrying import CallRetry
+from vramfabric.broker.stopping import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +249,7 @@ class Follower:
             self.conn.on_reconnect.remove(self._on_reconnect)
         if self._resubscribing is not None:
             # Awaited: a resubscribe finishing after this would leave a live subscription.
-            self._resubscribing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resubscribing
+            await stop_task(self._resubscribing)
         await self._unsubscribe()
 
 

@@ -22,6 +22,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CapacityExceeded, VramfabricError
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.stopping import stop_task
 from vramfabric.broker.subjects import MAX_PACK_CHUNKS
 
 from ..aggregate import Aggregator
@@ -188,9 +189,9 @@ class JobRun:
             finished = await waiting
         finally:
             for task in (submit, waiting):
-                if not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+                # Until it has ended: the submission publishes, and a cancel nats-py swallows
+                # would leave it waiting for room in a window that no result frees.
+                await stop_task(task)
         if finished and self.submitted:
             # From the first chunk submitted to the last result in (overlaps submit_s).
             self.phases["execute_s"] = time.perf_counter() - self._t_submit
