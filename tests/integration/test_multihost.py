@@ -174,7 +174,7 @@ def test_a_job_across_hosts_survives_a_worker_and_a_server_cut_off(hosts: MultiH
     # when it came back (an ack sent while a server rejoins can be lost); for the worker's
     # cut, only chunks that had run on that worker
     worker_cut, server_cut = outcome.cuts
-    assert outcome.unexplained_re_executions == 0, outcome
+    assert outcome.unexplained_re_executions == 0, (outcome.unexplained, outcome.cuts)
     assert worker_cut.re_executions <= 2 * SLICES, worker_cut
     assert server_cut.re_executions <= 2 * SLICES, server_cut
     assert set(worker_cut.first_ran_on) <= {"w1"}, worker_cut
