@@ -24,6 +24,10 @@ ExecKey = tuple[int, str, str]
 LANE = "lane"
 # Third key field of a process that narrows crash suspects: one chunk, then it is stopped.
 ALONE = "alone:"
+# The last two key fields of a GPU's spare.
+SPARE = ("", "spare")
+# Third key field of a lease's own process kept after its lease ended.
+IDLE = "idle:"
 
 
 @attrs.define
@@ -78,3 +82,8 @@ class ExecutorLayout:
 def alone_key(lease: Lease) -> ExecKey:
     """The key of a process that runs one suspect chunk of `lease` by itself."""
     return (lease.gpu, lease.tenant, f"{ALONE}{lease.lease_id}")
+
+
+def spare_key(gpu: int) -> ExecKey:
+    """The key of `gpu`'s spare executor."""
+    return (gpu, *SPARE)

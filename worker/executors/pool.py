@@ -30,9 +30,9 @@ from vramfabric.broker.messages import Lease
 
 from ..executor import ipc
 from .handle import ExecutorProcess
-from .layout import ALONE, LANE, ExecKey, alone_key
+from .layout import ALONE, IDLE, LANE, SPARE, ExecKey, alone_key
 from .outcomes import FOR_A_NEIGHBOUR, Running, SaveCheckpoint
-from .supply import IDLE, SPARE, ExecutorSupply
+from .supply import ExecutorSupply
 from .work import Work
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from ..node.gpus import GpuSpec
 from ..node.settings import WorkerSettings
 from .containment import Containment
 from .handle import ExecutorProcess
-from .layout import LANE, ExecKey, ExecutorLayout
+from .layout import IDLE, LANE, SPARE, ExecKey, ExecutorLayout, spare_key
 from .room import ExecutorRoom
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,6 @@ START_PATIENCE_S = 60.0
 SPARE_AFTER_IDLE_S = 5.0
 # The tenant the start-up probe's executor runs as: not a token, so no real tenant's name.
 PROBE_TENANT = ".probe"
-# The last two key fields of a GPU's spare.
-SPARE = ("", "spare")
-# Third key field of a lease's own process kept after its lease ended.
-IDLE = "idle:"
 
 
 @attrs.define
@@ -296,8 +292,3 @@ class ExecutorSupply:
 def _log_failed_start(task: asyncio.Task[ExecutorProcess]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("executor start failed error=%s", task.exception())
-
-
-def spare_key(gpu: int) -> ExecKey:
-    """The key of `gpu`'s spare executor."""
-    return (gpu, *SPARE)
