@@ -110,13 +110,18 @@ class Job:
             TypeError: an input cannot be encoded for this work.
             ValueError: one is over `limit` bytes.
         """
+        return self._encode_sized(first, values, limit)[0]
+
+    def _encode_sized(
+        self, first: int, values: Sequence[Any], limit: int
+    ) -> tuple[list[bytes], list[int]]:
+        """`encode_many`'s bytes and their sizes (the digest and the spec's count reuse them)."""
         data = self.work.encode_inputs(first, values)
-        if data and max(map(len, data)) > limit:
-            index = next(i for i, d in enumerate(data) if len(d) > limit)
-            raise ValueError(
-                f"chunk {first + index} is {len(data[index])} bytes; the limit is {limit}"
-            )
-        return data
+        sizes = list(map(len, data))
+        if sizes and max(sizes) > limit:
+            index = next(i for i, n in enumerate(sizes) if n > limit)
+            raise ValueError(f"chunk {first + index} is {sizes[index]} bytes; the limit is {limit}")
+        return data, sizes
 
     def input_limit(self, settings: CoordinatorSettings) -> int:
         """The largest chunk input in bytes: the work's limit or the settings', the smaller."""
@@ -147,10 +152,10 @@ class Job:
             kept: list[list[bytes]] | None = []
             kept_bytes = 0
             for first, values in blocks(self.inputs):
-                data = self.encode_many(first, values, limit)
-                digest.add_many(data)
+                data, sizes = self._encode_sized(first, values, limit)
+                digest.add_many(data, sizes)
                 if kept is not None:
-                    kept_bytes += sum(map(len, data)) + _ITEM_BYTES * len(data)
+                    kept_bytes += sum(sizes) + _ITEM_BYTES * len(data)
                     if kept_bytes > KEEP_ENCODED_BYTES:
                         kept = None
                     else:
@@ -196,15 +201,21 @@ class InputsDigest:
         self._sha.update(len(data).to_bytes(8, "little"))
         self._sha.update(data)
 
-    def add_many(self, inputs: Sequence[bytes]) -> None:
-        """Hash chunks' inputs, in chunk order (as `add` each, in one update when small)."""
-        sizes = list(map(len, inputs))
+    def add_many(self, inputs: Sequence[bytes], sizes: list[int] | None = None) -> None:
+        """Hash chunks' inputs, in chunk order (as `add` each, in one update when small).
+
+        `sizes`: their lengths, where the caller has them.
+        """
+        sizes = list(map(len, inputs)) if sizes is None else sizes
         if not sizes or sum(sizes) > _JOIN_BYTES or max(sizes) >= len(_LENGTHS):
             for data in inputs:
                 self.add(data)
             return
-        lengths = map(_LENGTHS.__getitem__, sizes)
-        self._sha.update(b"".join(itertools.chain.from_iterable(zip(lengths, inputs, strict=True))))
+        # Lengths and inputs interleaved by slice assignment: half the cost of chaining pairs.
+        parts: list[bytes] = [b""] * (2 * len(sizes))
+        parts[::2] = map(_LENGTHS.__getitem__, sizes)
+        parts[1::2] = inputs
+        self._sha.update(b"".join(parts))
 
     def hexdigest(self) -> str:
         """The digest of the inputs added so far."""

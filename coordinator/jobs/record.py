@@ -189,8 +189,9 @@ class RunRecord:
         """Record the job as running and watch its record for a cancellation.
 
         The record's KV subject is subscribed to (a cancel is a plain publish on it), so a
-        running job costs no API calls for this; the record is read once after subscribing,
-        and again after each reconnect, for a cancel published while nobody listened.
+        running job costs no API calls for this; the record is read once after subscribing
+        (while the run goes on), and again after each reconnect, for a cancel published while
+        nobody listened.
         """
         # The jobs bucket exists: Fabric.run stored the spec in it first.
         rec = JobRecord(
@@ -206,7 +207,8 @@ class RunRecord:
         with nats_errors():
             self._sub = await self.conn.nc.subscribe(subject, cb=self._on_update)
         self.conn.on_reconnect.append(self._reread)
-        await self._check()
+        # Read in the background: the run goes on meanwhile, and `wait` sees a cancel found.
+        self._reread()
 
     async def _on_update(self, msg: Msg) -> None:
         deleted = not msg.data or bool(msg.headers and _KV_OPERATION in msg.headers)

@@ -263,25 +263,37 @@ class JobRun:
         record, like a crash: a rerun resumes it.
         """
         self.pool.closing = True
+        died: BaseException | None = None
         try:
-            # Growth that died of an error is reported after the leases are released.
             died = await self.growth.stop()
-            t = time.perf_counter()
-            await self.pool.release()
-            self.phases["release_s"] = time.perf_counter() - t
-            if died is not None:
-                raise died
         finally:
-            series = await self.timeline.stop()
-            await self._stop_following()
-            if outcome == "stopped":
-                await self.record.stop()
-            else:
-                ok, failed = self.results.n_ok, self.results.n_failed
-                steps = [self.record.finish(outcome, ok, failed, value)]
-                if self.submitted:  # a failed, timed-out or cancelled run deletes it too
-                    steps.append(self._delete_consumer())
-                await gather_all(*steps)
+            # The leases go back while the followers stop and the record says how the run
+            # ended (round trips of their own: a tiny job's teardown was a tenth of it); the
+            # consumer goes once no lease is left to pull from it.
+            released, wound = await asyncio.gather(
+                self._release(), self._wind_down(outcome, value), return_exceptions=True
+            )
+            if outcome != "stopped" and self.submitted:  # a failed or cancelled run's too
+                await self._delete_consumer()
+        for error in (died, released, wound):
+            if isinstance(error, BaseException):
+                raise error
+        assert isinstance(wound, tuple)
+        return wound
+
+    async def _release(self) -> None:
+        t = time.perf_counter()
+        await self.pool.release()
+        self.phases["release_s"] = time.perf_counter() - t
+
+    async def _wind_down(self, outcome: str, value: object) -> tuple[Point, ...]:
+        """Stop the timeline and the followers, and record the outcome (or, stopped, nothing)."""
+        series = await self.timeline.stop()
+        await self._stop_following()
+        if outcome == "stopped":
+            await self.record.stop()
+        else:
+            await self.record.finish(outcome, self.results.n_ok, self.results.n_failed, value)
         return series
 
     async def _stop_following(self) -> None:

@@ -167,6 +167,10 @@ def test_inputs_encoded_at_once_hash_and_read_as_one_by_one() -> None:
     at_once.add_many(many[:3])
     at_once.add_many(many[3:])
     assert at_once.hexdigest() == one_by_one.hexdigest()
+    # And with their sizes given (as the spec hashes them), and in the spec's own digest
+    sized = InputsDigest()
+    sized.add_many(many, [len(d) for d in many])
+    assert sized.hexdigest() == one_by_one.hexdigest() == job.spec(SETTINGS).inputs_digest
 
 
 def test_an_input_over_the_limit_is_named_by_its_index_when_encoded_at_once() -> None:
