@@ -80,6 +80,8 @@ class JobRun:
     queued: set[int] = attrs.field(factory=set, init=False)
     # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
     submitted: bool = attrs.field(default=False, init=False)
+    # Whether this run made (or found) the job's consumer: it deletes it when the run ends.
+    consumer_made: bool = attrs.field(default=False, init=False)
     _t_submit: float = attrs.field(default=0.0, init=False)
     # The timeline's samples, once the run ended.
     series: tuple[Point, ...] = attrs.field(default=(), init=False)
@@ -121,12 +123,14 @@ class JobRun:
             The chunks with a final result, and (`retry_failed`) the failed ones reopened.
         """
         try:
-            # At once: four round trips one after another were a tenth of a small job's time.
-            _, _, done, self.queued = await gather_all(
+            # At once: four round trips one after another were a tenth of a small job's time;
+            # the job's consumer, which its first lease waits for, is made beside them.
+            _, _, done, self.queued, _ = await gather_all(
                 self.results.start(),
                 self.exhausted.start(),
                 finished_chunks(self.conn, self.broker, self.spec),
                 queued_chunks(self.conn, self.broker, self.spec),
+                self._make_consumer(),
             )
             if not self.retry_failed:
                 return done, set()
@@ -138,9 +142,16 @@ class JobRun:
             return done - retried, retried
         except BaseException:  # re-raised after the clean-up: the caller records it
             # Nothing was leased or submitted yet: stop following, or the subscriptions
-            # would outlive the failed call on the caller's connection.
+            # would outlive the failed call on the caller's connection. A consumer made stays,
+            # as after a crash: nothing was delivered from it, and a rerun takes it up.
             await self._stop_following()
             raise
+
+    async def _make_consumer(self) -> None:
+        """Make the job's consumer, unless no live node can run the job (`_lease` says why)."""
+        if refusal(self.spec, self.fleet.adverts.values(), self.pool.eligible) is None:
+            await topology.ensure_job_consumer(self.conn.js, self.broker, self.spec)
+            self.consumer_made = True
 
     @property
     def n_chunks(self) -> int | None:
@@ -230,16 +241,18 @@ class JobRun:
         )
 
     async def _lease(self, target: int, min_slices: int) -> None:
-        """Create the job's consumer, lease slices and start growing the pool.
+        """Make the job's consumer if `start` did not, lease slices and start growing the pool.
 
         Raises:
             CapacityExceeded: fewer than `min(min_slices, target)` leases could be had.
             KernelNotFound, CodeRefused: no live node runs the job's work (placement.refusal).
         """
         refused = refusal(self.spec, self.fleet.adverts.values(), self.pool.eligible)
-        if refused is not None:  # before any consumer, chunk or lease: the run fails at once
+        if refused is not None:  # before any chunk or lease: the run fails at once
             raise refused
-        await topology.ensure_job_consumer(self.conn.js, self.broker, self.spec)
+        if not self.consumer_made:  # the fleet had no node for it when the run started
+            await topology.ensure_job_consumer(self.conn.js, self.broker, self.spec)
+            self.consumer_made = True
         self.submitted = True
         t = time.perf_counter()
         first = min(target, max(min_slices, FIRST_LEASES))
@@ -273,7 +286,7 @@ class JobRun:
             released, wound = await asyncio.gather(
                 self._release(), self._wind_down(outcome, value), return_exceptions=True
             )
-            if outcome != "stopped" and self.submitted:  # a failed or cancelled run's too
+            if outcome != "stopped" and self.consumer_made:  # a failed or cancelled run's too
                 await self._delete_consumer()
         for error in (died, released, wound):
             if isinstance(error, BaseException):
