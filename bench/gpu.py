@@ -107,7 +107,7 @@ def overhead(cupy: ModuleType, kernel: Any, loops: int, chunks: int) -> dict[str
     from vramfabric.worker.executor import ipc
     from vramfabric.worker.executor.work_runner import WorkRunner
 
-    runner = WorkRunner(builtin_registry(), simulated=False)
+    runner = WorkRunner(builtin_registry, simulated=False)
     runner.add_blob(kernel.digest, kernel.to_blob())
     frame = ipc.Run(
         kind="cuda",

@@ -16,9 +16,8 @@ if TYPE_CHECKING:
         CudaSourceError,
         HostUnsupported,
         ModuleCache,
-        NoReference,
     )
-    from .errors import KernelArgumentError, KernelCompileError
+    from .errors import KernelArgumentError, KernelCompileError, NoReference
     from .host_faults import KernelFault, KernelRace
     from .hyperparam import HYPERPARAM_EVAL
     from .kernel import Kernel
@@ -34,7 +33,7 @@ _WHERE = {
     "HostUnsupported": "cuda",
     "KernelCompileError": "errors",
     "ModuleCache": "cuda",
-    "NoReference": "cuda",
+    "NoReference": "errors",
     "HYPERPARAM_EVAL": "hyperparam",
     "Kernel": "kernel",
     "KernelArgumentError": "errors",

@@ -30,7 +30,7 @@ from .cuda_compile import LAUNCH_REFUSED, ModuleCache
 from .cuda_precheck import precheck
 from .cuda_reference import PickledReference, Reference
 from .cuda_shape import ArgSpec
-from .errors import KernelArgumentError, KernelCompileError
+from .errors import KernelArgumentError, KernelCompileError, NoReference
 from .host import HostLibrary, launcher, run_host
 from .host_build import HostUnsupported
 from .host_check import check_chunk
@@ -55,10 +55,6 @@ _BLOB_KIND = "cuda"
 _host_lock = threading.Lock()
 _REQUIRED = ("name", "entry", "grid", "block", "args", "max_output_bytes")
 _OPTIONAL = ("source", "ptx", "max_input_bytes", "output_dtype", "shared_mem_bytes")
-
-
-class NoReference(Exception):
-    """A simulated GPU was asked to run a CudaKernel that has no NumPy reference."""
 
 
 def _text_repr(text: str) -> str:

@@ -21,3 +21,7 @@ class KernelCompileError(Exception):
     def __reduce__(self) -> tuple[type[KernelCompileError], tuple[str, str]]:
         # Executors may pickle errors across processes: keep the log.
         return (type(self), (str(self), self.log))
+
+
+class NoReference(Exception):
+    """A simulated GPU was asked to run a CudaKernel that has no NumPy reference."""

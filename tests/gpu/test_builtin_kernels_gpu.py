@@ -126,7 +126,7 @@ def test_an_executor_runs_the_registered_hyperparam_kernel_from_its_cuda_source(
     cupy: ModuleType,
 ) -> None:
     # Given a GPU executor's runner and a lease
-    runner = WorkRunner(builtin_registry(), simulated=False)
+    runner = WorkRunner(builtin_registry, simulated=False)
     kernel = hyperparam.HYPERPARAM_EVAL
     ctx = Context(device=0, slice_bytes=2**30, xp=cupy, attempt=1, job="j", index=0)
     for config in hyperparam.search_space(1000)[990:]:

@@ -30,7 +30,7 @@ def allocate(n_bytes: int, ctx: Any) -> int:
 
 @pytest.fixture
 def runner() -> tuple[WorkRunner, PythonCode]:
-    runner = WorkRunner(builtin_registry(), simulated=False)
+    runner = WorkRunner(builtin_registry, simulated=False)
     code = PythonCode.of(allocate)
     runner.add_blob(code.digest, code.to_blob())
     return runner, code
@@ -95,7 +95,7 @@ def test_a_leases_stream_and_pool_live_until_the_lease_ends(
 
 
 def test_a_lease_that_ends_while_its_chunk_runs_is_freed_after_it(cupy: ModuleType) -> None:
-    runner = WorkRunner(builtin_registry(), simulated=False)
+    runner = WorkRunner(builtin_registry, simulated=False)
     devices = runner.devices
     assert devices is not None
     with cupy.cuda.Device(0), devices.using("a", SLICE_BYTES) as device:

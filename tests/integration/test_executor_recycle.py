@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.coordinator import Gather, Job
+from vramfabric.kernels.code import Context
 from vramfabric.worker.executors.pool import MAX_WORKS_PER_EXECUTOR
 
 
@@ -21,6 +22,18 @@ def numbered(k: int) -> Callable[[int], tuple[int, int]]:
         return k + x, os.getpid()
 
     return where
+
+
+def numpy_loaded(_x: int) -> bool:
+    """Whether the process the chunk ran in had imported NumPy."""
+    import sys
+
+    return "numpy" in sys.modules
+
+
+def array_module(_x: int, ctx: Context) -> str:
+    """The name of the array module the chunk's context gives it."""
+    return ctx.xp.__name__
 
 
 def pid_of_executor(_x: int) -> int:
@@ -61,3 +74,20 @@ async def test_an_executor_past_its_works_is_replaced_once_idle(
     # Then the first ones share one process, and the last runs in a fresh one
     assert len(set(pids[: MAX_WORKS_PER_EXECUTOR + 1])) == 1
     assert pids[-1] != pids[0]
+
+
+async def test_an_executor_imports_numpy_only_for_work_that_reads_its_context(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a fresh node whose executors run users' functions
+    await agent_factory("n1", simulate="1x1GiB", allow_code=True)
+    fabric = await fabric_factory()
+    await eventually(lambda: bool(fabric.fleet.adverts))
+    # When a function that takes no context runs there
+    loaded = (await fabric.run(Job(numpy_loaded, [0]), Gather())).value
+    # Then its executor had not imported NumPy (nor the CUDA kernels' modules): an
+    # executor's start, which a fresh node's first call waits for, took about 0.4 s with them
+    assert loaded == [False]
+    # And a function that reads its context still gets NumPy as a simulated GPU's array module
+    names = (await fabric.run(Job(array_module, [0, 1]), Gather())).value
+    assert names == ["numpy", "numpy"]

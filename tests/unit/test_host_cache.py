@@ -115,7 +115,7 @@ def test_executors_find_the_nodes_prebuilt_library_and_build_nothing(tmp_path: P
 
 def test_the_registered_hyperparam_kernel_runs_its_cuda_source_on_a_simulated_gpu() -> None:
     # Given a simulated executor and the demo's configurations
-    runner = WorkRunner(builtin_registry(), simulated=True)
+    runner = WorkRunner(builtin_registry, simulated=True)
     kernel = hyperparam.HYPERPARAM_EVAL
     configs = hyperparam.search_space(1000)
     picks = np.random.default_rng(RNG_SEED).choice(len(configs), 20, replace=False)
@@ -132,7 +132,7 @@ def test_the_registered_hyperparam_kernel_runs_its_cuda_source_on_a_simulated_gp
 
 
 def test_an_invalid_configuration_fails_as_launch_failed_not_nan() -> None:
-    runner = WorkRunner(builtin_registry(), simulated=True)
+    runner = WorkRunner(builtin_registry, simulated=True)
     with pytest.raises(Failure, match="batch_size 0 outside") as info:
         run_builtin(runner, hyperparam.HYPERPARAM_EVAL, hyperparam.encode_config(0.001, 0, 0.1))
     assert info.value.kind is ErrorKind.LAUNCH_FAILED
@@ -170,7 +170,7 @@ def test_without_gpp_a_registered_kernel_runs_its_reference(
     host_build._compiler.cache_clear()
     try:
         kernel = twice_kernel()
-        runner = WorkRunner(Registry({"twice": kernel}), simulated=True)
+        runner = WorkRunner(lambda: Registry({"twice": kernel}), simulated=True)
         data = np.arange(4, dtype=np.float32).tobytes()
         # When the executor runs it, Then the reference answers (x * 2, not SAXPY's x * 2 + 1)
         assert np.frombuffer(run_builtin(runner, kernel, data), np.float32).tolist() == [
@@ -182,7 +182,7 @@ def test_without_gpp_a_registered_kernel_runs_its_reference(
 
 def test_with_gpp_a_registered_kernel_runs_its_cuda_version() -> None:
     kernel = twice_kernel()
-    runner = WorkRunner(Registry({"twice": kernel}), simulated=True)
+    runner = WorkRunner(lambda: Registry({"twice": kernel}), simulated=True)
     data = np.arange(4, dtype=np.float32).tobytes()
     out = np.frombuffer(run_builtin(runner, kernel, data), np.float32)
     assert out.tolist() == [1.0, 3.0, 5.0, 7.0]

@@ -42,7 +42,7 @@ def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_fro
     if many is not None:
         return ipc.pack_outcomes(_run_many(many, inputs, captured, printed_from, tail_bytes))
     assert run is not None
-    gpu, xp, slice_bytes = runner.gpu, runner.xp, frame.slice_bytes
+    gpu, slice_bytes = runner.gpu, frame.slice_bytes
     attempt, job = frame.attempt, frame.job
     outcomes: list[ipc.Outcome] = []
     ctx = None  # made per chunk only for work that reads it: it costs more than a tiny chunk
@@ -50,7 +50,7 @@ def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_fro
         # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
         # are not kept (one KV write per tiny chunk would cost more than the chunk).
         if wants_context:
-            ctx = Context(gpu, slice_bytes, xp, attempt, job, index, None, _discard)
+            ctx = Context(gpu, slice_bytes, runner.xp, attempt, job, index, None, _discard)
         try:
             outcomes.append(run(data, ctx))
         except Exception as exc:  # recorded: this chunk's outcome names it

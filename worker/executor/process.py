@@ -56,7 +56,7 @@ class Executor:
         `captured`: what chunks print, read back for a failed chunk's result (none: not).
         """
         self.runner = WorkRunner(
-            load_registry(builtin_registry(), args.kernel_module), args.simulated
+            lambda: load_registry(builtin_registry(), args.kernel_module), args.simulated
         )
         self._out = out
         # Frames waiting to be written, and whether a thread is writing them now.
@@ -141,7 +141,9 @@ class Executor:
             if frame.inputs is not None:
                 output = self._run_pack(frame, printed_from)
             else:
-                output = self.runner.execute(frame, self._context(frame))
+                # Made only for work that reads it: a `ctx` costs a call more than its work.
+                ctx = self._context(frame) if self.runner.wants_context(frame) else None
+                output = self.runner.execute(frame, ctx)
             if len(output) > MAX_OUTPUT_BYTES:
                 raise Failure(
                     ErrorKind.LAUNCH_FAILED,

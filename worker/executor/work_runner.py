@@ -12,20 +12,22 @@ caller's.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import threading
 import traceback
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from vramfabric.broker.errors import ErrorKind, SliceVramExceeded
-from vramfabric.kernels import Kernel, KernelArgumentError, KernelMissing, Registry
 from vramfabric.kernels.code import Context, LoadedFunction, PythonCode
-from vramfabric.kernels.cuda import CudaKernel, KernelCompileError, ModuleCache, NoReference
-from vramfabric.kernels.host_build import NoHostCompiler
+from vramfabric.kernels.cuda_compile import ModuleCache
+from vramfabric.kernels.errors import KernelArgumentError, KernelCompileError, NoReference
+from vramfabric.kernels.registry import KernelMissing, Registry
+
+if TYPE_CHECKING:
+    from vramfabric.kernels.kernel import Kernel
 
 from . import ipc
 from .captured import TRACEBACK_CHARS
@@ -47,16 +49,21 @@ class Failure(Exception):
 class WorkRunner:
     """The work this process can run: the registry, the loaded blobs and the device."""
 
-    def __init__(self, registry: Registry, simulated: bool) -> None:
-        """Use NumPy on a simulated GPU, else CuPy on device 0 (the only one visible)."""
-        self.registry = registry
+    def __init__(self, registry: Callable[[], Registry], simulated: bool) -> None:
+        """Use NumPy on a simulated GPU, else CuPy on device 0 (the only one visible).
+
+        `registry` makes the registered kernels' registry, on the first chunk of one (their
+        modules import NumPy and the CUDA kernels: see `xp`).
+        """
+        self._make_registry = registry
+        self._registry: Registry | None = None
         self.gpu: int | None = None if simulated else 0
-        self.xp: types.ModuleType = np
+        self._xp: types.ModuleType | None = None
         self.devices: LeaseDevices | None = None
         if not simulated:
             import cupy
 
-            self.xp = cupy
+            self._xp = cupy
             self.devices = LeaseDevices(cupy)
         self.modules = ModuleCache()
         # False once the host path found no g++: registered kernels then run their reference.
@@ -65,12 +72,32 @@ class WorkRunner:
         self._loaded: dict[str, Any] = {}
         self._load_lock = threading.Lock()
 
+    @property
+    def registry(self) -> Registry:
+        """The registered kernels, made on first use."""
+        with self._load_lock:
+            if self._registry is None:
+                self._registry = self._make_registry()
+            return self._registry
+
+    @property
+    def xp(self) -> types.ModuleType:
+        """The array module: CuPy on a GPU; NumPy on a simulated one, imported on first use.
+
+        An executor that runs only Python functions that take no `ctx` never imports NumPy
+        (or the CUDA kernels' modules): a start took 0.4 s here, most of it those imports,
+        and a fresh node's first call waited for it.
+        """
+        if self._xp is None:
+            self._xp = importlib.import_module("numpy")
+        return self._xp
+
     def add_blob(self, digest: str, blob: bytes) -> None:
         """Keep an uploaded work's blob for the chunks that will name it."""
         self._blobs[digest] = blob
 
-    def execute(self, frame: ipc.Run, ctx: Context) -> bytes:
-        """Run one `run` frame's work; Failure for a known kind of failure."""
+    def execute(self, frame: ipc.Run, ctx: Context | None) -> bytes:
+        """Run one `run` frame's work (`ctx`: for work that reads one); Failure for a known kind."""
         return self.bind(frame)(bytes(frame.input or b""), ctx)
 
     def bind(self, frame: ipc.Run) -> Callable[[bytes, Context | None], bytes]:
@@ -154,6 +181,8 @@ class WorkRunner:
         raise Failure(ErrorKind.INVALID_MESSAGE, f"unknown kernel kind {kind!r}")
 
     def _builtin(self, frame: ipc.Run, data: bytes, slice_bytes: int) -> bytes:
+        from vramfabric.kernels.host_build import NoHostCompiler  # with the kernels' modules
+
         kernel: Kernel = self.registry.get_kernel(frame.name, frame.digest)
         need = kernel.vram_bytes(len(data))
         if self.gpu is None and need > slice_bytes:
@@ -174,6 +203,8 @@ class WorkRunner:
             return kernel.run(self.xp, frame.args, data)
 
     def _cuda(self, frame: ipc.Run, data: bytes, slice_bytes: int) -> bytes:
+        from vramfabric.kernels.cuda import CudaKernel  # NumPy and the host path: first use
+
         kernel, _ = self._load(frame.digest, CudaKernel.from_blob, None)
         if self.gpu is not None:
             return kernel.launch(self.xp, data, self.modules)  # type: ignore[no-any-return]
