@@ -48,13 +48,13 @@ async def agent_factory(broker: BrokerSettings) -> AsyncIterator[AgentFactory]:
         # The tests' code is the user's own: it may run as the worker where executors cannot
         # get uids of their own (a root Python in /root); a test of the refusal says False.
         kw.setdefault("allow_shared_uid", True)
+        kw.setdefault("kernel_modules", ("tests.kernels_for_tests",))
         settings = WorkerSettings(
             node=node,
             simulate=simulate,
             slice_bytes=slice_bytes,
             heartbeat_s=0.2,
             drain_grace_s=1.0,
-            kernel_modules=("tests.kernels_for_tests",),
             **kw,
         )
         agent = Agent(broker, settings, await connect(broker, name=node))

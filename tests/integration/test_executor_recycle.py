@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
+from tests.integration.test_slots import executor_children
 from vramfabric.coordinator import Gather, Job
 from vramfabric.kernels.code import Context
 from vramfabric.worker.executors.pool import MAX_WORKS_PER_EXECUTOR
@@ -91,3 +95,19 @@ async def test_an_executor_imports_numpy_only_for_work_that_reads_its_context(
     # And a function that reads its context still gets NumPy as a simulated GPU's array module
     names = (await fabric.run(Job(array_module, [0, 1]), Gather())).value
     assert names == ["numpy", "numpy"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_a_spare_taken_while_it_starts_runs_the_first_chunk_and_no_process_starts_beside_it(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a fresh node of one slice, its spare executor starting (its imports take a while;
+    # with no kernel module of the operator's to load, the agent does not wait for it)
+    await agent_factory("n1", simulate="1x1GiB", allow_code=True, kernel_modules=())
+    fabric = await fabric_factory()
+    await eventually(lambda: bool(fabric.fleet.adverts))
+    # When a job's one chunk runs at once: its lease takes the spare, started or not
+    pid = (await fabric.run(Job(pid_of_executor, [0]), Gather())).value[0]
+    # Then the chunk ran in that spare, the node's only executor: a lane whose process was
+    # still starting once started a second one, and the chunk waited for that instead
+    assert executor_children() == [pid]

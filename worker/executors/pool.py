@@ -153,6 +153,8 @@ class ExecutorPool(ExecutorSupply):
             if own is not None and own.alive and own.ready.done():
                 if all(task.home == home for task in own.tasks.values()):
                     return home
+            elif own is not None and own.alive:
+                pass  # starting (a spare taken for it, still importing): its start wakes us
             elif start is not None and start.done():
                 return home  # its start failed: the chunk learns why (`_executor`)
             else:
