@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .codec import RemoteError, decode, encode
+    from .codec import decode, encode
     from .connection import Connection, connect
     from .errors import (
         CapacityExceeded,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         LeaseDenied,
         LeaseExpired,
         PermanentError,
+        RemoteError,
         ResultAlreadyRecorded,
         SliceTooLarge,
         SliceVramExceeded,
@@ -82,7 +83,7 @@ _WHERE = {
     "PermanentError": ".errors",
     "ReleaseReply": ".messages",
     "ReleaseRequest": ".messages",
-    "RemoteError": ".codec",
+    "RemoteError": ".errors",
     "RenewReply": ".messages",
     "RenewRequest": ".messages",
     "ResultAlreadyRecorded": ".errors",

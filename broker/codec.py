@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import msgpack
 
-from .errors import ErrorKind, InvalidMessage, VramfabricError
+from .errors import InvalidMessage, RemoteError
 from .messages import PROTOCOL_VERSION, ErrorReply
 
 T = TypeVar("T")
@@ -26,19 +26,6 @@ Conv = Callable[[Any], Any]
 
 # The server's default max_payload; nothing valid is larger, so nothing larger is unpacked.
 MAX_PAYLOAD_BYTES = 1024 * 1024
-
-
-class RemoteError(VramfabricError):
-    """A peer's failure it could not send as itself: an ErrorReply, or a call's unpicklable raise.
-
-    The one RemoteError: a request answered with an ErrorReply raises it (`decode`), and so
-    does an interactive call whose exception did not travel back (coordinator/calls/remote.py).
-    """
-
-    def __init__(self, kind: ErrorKind, error: str) -> None:
-        super().__init__(f"{kind.value}: {error}")
-        self.remote_kind = kind
-        self.error = error
 
 
 def encode(obj: Any) -> bytes:

@@ -43,17 +43,26 @@ class Context:
 
     `device` is the GPU index as the executor process sees it (`None` on a simulated GPU);
     `resumed` is the state of the last `checkpoint()` of an earlier delivery of this chunk,
-    or None on a fresh start.
+    or None on a fresh start. `xp` is given as the array module, or as a function that
+    imports it when the callable first reads `ctx.xp` (NumPy took a fresh executor's first
+    call 0.1 s on a 2-core machine, for a function that never used it).
     """
 
     device: int | None
     slice_bytes: int
-    xp: types.ModuleType
+    _xp: types.ModuleType | Callable[[], types.ModuleType] = attrs.field(alias="xp")
     attempt: int
     job: str
     index: int
     resumed: Any = None
     _save: Callable[[bytes], None] | None = None
+
+    @property
+    def xp(self) -> types.ModuleType:
+        """The slice's array module: CuPy on a GPU, NumPy on a simulated one."""
+        if not isinstance(self._xp, types.ModuleType):
+            self._xp = self._xp()
+        return self._xp
 
     def checkpoint(self, state: Any) -> None:
         """Store `state` durably; a redelivered chunk gets it back as `ctx.resumed`."""

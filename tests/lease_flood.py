@@ -27,8 +27,9 @@ from collections.abc import Mapping
 
 import nats.errors
 
-from vramfabric.broker.codec import RemoteError, decode, encode
+from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import connect
+from vramfabric.broker.errors import RemoteError
 from vramfabric.broker.messages import RenewReply, RenewRequest
 from vramfabric.broker.settings import BrokerSettings
 

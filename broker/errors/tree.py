@@ -204,3 +204,16 @@ class JobNotFound(PermanentError):
 
 class ServerError(PermanentError):
     """The embedded nats-server did not start or stop as asked."""
+
+
+class RemoteError(VramfabricError):
+    """A peer's failure it could not send as itself: an ErrorReply, or a call's unpicklable raise.
+
+    The one RemoteError: a request answered with an ErrorReply raises it (`decode`), and so
+    does an interactive call whose exception did not travel back (coordinator/calls/remote.py).
+    """
+
+    def __init__(self, kind: ErrorKind, error: str) -> None:
+        super().__init__(f"{kind.value}: {error}")
+        self.remote_kind = kind
+        self.error = error

@@ -18,8 +18,7 @@ from typing import Any
 import attrs
 import cloudpickle
 
-from vramfabric.broker.codec import RemoteError
-from vramfabric.broker.errors import ErrorKind
+from vramfabric.broker.errors import ErrorKind, RemoteError
 from vramfabric.kernels.by_value import dumps_by_value
 from vramfabric.kernels.code import Context, encode_input, wants_context
 

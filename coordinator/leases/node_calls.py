@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from vramfabric.broker.codec import RemoteError, decode, encode
+from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import InvalidMessage, TransientError
+from vramfabric.broker.errors import InvalidMessage, RemoteError, TransientError
 from vramfabric.broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)

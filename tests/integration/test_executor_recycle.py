@@ -92,6 +92,9 @@ async def test_an_executor_imports_numpy_only_for_work_that_reads_its_context(
     # Then its executor had not imported NumPy (nor the CUDA kernels' modules): an
     # executor's start, which a fresh node's first call waits for, took about 0.4 s with them
     assert loaded == [False]
+    # And nor had it for an interactive call, whose work reads a context of its own
+    async with fabric.gpu() as gpu:
+        assert await gpu.run(numpy_loaded, 0) is False
     # And a function that reads its context still gets NumPy as a simulated GPU's array module
     names = (await fabric.run(Job(array_module, [0, 1]), Gather())).value
     assert names == ["numpy", "numpy"]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vramfabric.broker import codec
-from vramfabric.broker.errors import ErrorKind, InvalidMessage
+from vramfabric.broker.errors import ErrorKind, InvalidMessage, RemoteError
 from vramfabric.broker.messages import (
     PROTOCOL_VERSION,
     Chunk,
@@ -441,7 +441,7 @@ def test_error_reply_decoded_as_another_type_raises_remote_error_with_kind() -> 
     # Given a node that answered a lease request with an error
     data = codec.encode(ErrorReply(kind=ErrorKind.LEASE_DENIED, error="quota exceeded"))
     # When the caller decodes it as the reply it expected
-    with pytest.raises(codec.RemoteError) as info:
+    with pytest.raises(RemoteError) as info:
         codec.decode(LeaseGrant, data)
     # Then the error carries the remote kind and message
     assert info.value.remote_kind is ErrorKind.LEASE_DENIED

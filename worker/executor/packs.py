@@ -50,7 +50,9 @@ def run_pack(runner: WorkRunner, captured: Captured, frame: ipc.Run, printed_fro
         # A packed chunk is short and a redelivered pack starts afresh: its checkpoints
         # are not kept (one KV write per tiny chunk would cost more than the chunk).
         if wants_context:
-            ctx = Context(gpu, slice_bytes, runner.xp, attempt, job, index, None, _discard)
+            ctx = Context(
+                gpu, slice_bytes, runner.array_module, attempt, job, index, None, _discard
+            )
         try:
             outcomes.append(run(data, ctx))
         except Exception as exc:  # recorded: this chunk's outcome names it

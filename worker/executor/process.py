@@ -188,7 +188,7 @@ class Executor:
         return Context(
             device=self.runner.gpu,
             slice_bytes=frame.slice_bytes,
-            xp=self.runner.xp,
+            xp=self.runner.array_module,
             attempt=frame.attempt,
             job=frame.job,
             index=frame.index,

@@ -82,11 +82,15 @@ class WorkRunner:
 
     @property
     def xp(self) -> types.ModuleType:
+        """The array module (`array_module`)."""
+        return self.array_module()
+
+    def array_module(self) -> types.ModuleType:
         """The array module: CuPy on a GPU; NumPy on a simulated one, imported on first use.
 
-        An executor that runs only Python functions that take no `ctx` never imports NumPy
-        (or the CUDA kernels' modules): a start took 0.4 s here, most of it those imports,
-        and a fresh node's first call waited for it.
+        An executor whose work never reads `ctx.xp` never imports NumPy (or the CUDA
+        kernels' modules): a start took 0.4 s here, most of it those imports, and a fresh
+        node's first call waited for it. A Context is given this method, not the module.
         """
         if self._xp is None:
             self._xp = importlib.import_module("numpy")
