@@ -282,32 +282,31 @@ class JobRun:
         finally:
             # The leases go back while the followers stop and the record says how the run
             # ended (round trips of their own: a tiny job's teardown was a tenth of it); the
-            # consumer goes once no lease is left to pull from it.
+            # timeline's last sample comes after the leases went back, and the consumer goes
+            # once no lease is left to pull from it.
             released, wound = await asyncio.gather(
                 self._release(), self._wind_down(outcome, value), return_exceptions=True
             )
+            series = await self.timeline.stop()
             if outcome != "stopped" and self.consumer_made:  # a failed or cancelled run's too
                 await self._delete_consumer()
         for error in (died, released, wound):
             if isinstance(error, BaseException):
                 raise error
-        assert isinstance(wound, tuple)
-        return wound
+        return series
 
     async def _release(self) -> None:
         t = time.perf_counter()
         await self.pool.release()
         self.phases["release_s"] = time.perf_counter() - t
 
-    async def _wind_down(self, outcome: str, value: object) -> tuple[Point, ...]:
-        """Stop the timeline and the followers, and record the outcome (or, stopped, nothing)."""
-        series = await self.timeline.stop()
+    async def _wind_down(self, outcome: str, value: object) -> None:
+        """Stop the followers and record the outcome (or, stopped, nothing)."""
         await self._stop_following()
         if outcome == "stopped":
             await self.record.stop()
         else:
             await self.record.finish(outcome, self.results.n_ok, self.results.n_failed, value)
-        return series
 
     async def _stop_following(self) -> None:
         await self.results.stop()
