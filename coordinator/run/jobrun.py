@@ -78,7 +78,8 @@ class JobRun:
     growth: LeaseGrowth = attrs.field(init=False)
     # Chunks an earlier run of the job left queued: they run as they are, not published again.
     queued: set[int] = attrs.field(factory=set, init=False)
-    # Whether the job's consumer was made (a chunk went out): `end` deletes it then.
+    # Whether leasing began (a chunk went out, or queued ones needed leases): its execute
+    # phase is timed from then.
     submitted: bool = attrs.field(default=False, init=False)
     # Whether this run made (or found) the job's consumer: it deletes it when the run ends.
     consumer_made: bool = attrs.field(default=False, init=False)
