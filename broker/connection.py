@@ -22,6 +22,7 @@ from .errors import Disconnected, PermanentError, PermissionDenied, TransientErr
 from .guarded import GuardedClient
 from .probe import not_nats
 from .settings import BrokerSettings
+from .stopping import stop_task
 from .subjects import JS_API, Subjects
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     )
     try:
         # The first connect retries until the deadline, then fails rather than hang forever.
-        await asyncio.wait_for(nc.connect(**options), settings.connect_timeout_s)
+        await _connect_within(nc, options, settings.connect_timeout_s)
     except Exception as exc:  # re-raised, as what the failure was (refused, unreachable, bug)
         await nc.close()
         err = await _first_connect_error(settings, exc, nc, events.errors)
@@ -98,6 +99,27 @@ async def connect(settings: BrokerSettings, *, name: str = "vramfabric") -> Conn
     return Connection(
         nc=nc, js=js, settings=settings, errors=events.errors, on_reconnect=events.listeners
     )
+
+
+async def _connect_within(nc: Client, options: dict[str, Any], timeout_s: float) -> None:
+    """`nc.connect(**options)`, ended at `timeout_s` with TimeoutError even if it eats a cancel.
+
+    nats-py's first connect tries the servers again and again (reconnecting forever), so only
+    a cancel ends it, and one can be lost: asyncio.wait_for on Python 3.11 returns the inner
+    result instead of raising when a cancel lands as the future it waits on completes (here a
+    refused TCP connect), and nats-py then tries the next server. `asyncio.wait_for` around
+    the connect then waited for ever: a worker started before its server never logged a
+    retry (a CI run on a busy machine). `stop_task` cancels until the connect has ended.
+    """
+    connecting = asyncio.ensure_future(nc.connect(**options))
+    try:
+        await asyncio.wait({connecting}, timeout=timeout_s)
+    finally:  # also when we are cancelled: the connect must not run on without us
+        if not connecting.done():
+            await stop_task(connecting)
+    if connecting.cancelled():
+        raise TimeoutError(f"no NATS connection within {timeout_s}s")
+    connecting.result()  # its error, if it failed first
 
 
 @attrs.define

@@ -16,6 +16,7 @@ import attrs
 
 from vramfabric.broker.errors import Disconnected, ExecutorCrashed, PermanentError
 from vramfabric.broker.settings import BrokerSettings, parse_size
+from vramfabric.broker.stopping import stop_task
 
 from .executor.hardening import make_undumpable
 from .node.flags import add_arguments
@@ -162,8 +163,7 @@ async def _first(task: asyncio.Task[object], stop: asyncio.Event) -> bool:
     stopped.cancel()
     if task.done():
         return True
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await stop_task(task)  # until it has ended: a connect or a publish may swallow a cancel
     log.info("stopped before the worker was ready")
     return False
 

@@ -23,6 +23,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, VramfabricError
 from vramfabric.broker.messages import Lease, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
+from vramfabric.broker.stopping import stop_task
 
 from .adverts import Heartbeat, node_facts
 from .chunks.calls import CallService
@@ -259,9 +260,8 @@ class Agent:
         executors: ExecutorPool | None = getattr(self, "executors", None)
         if executors is not None:
             await executors.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Until each has ended: a publish may swallow a cancel (broker/stopping.py).
+        await asyncio.gather(*(stop_task(task) for task in list(self._tasks)))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking work, let running chunks finish for `grace_s`, release every lease."""
@@ -277,9 +277,8 @@ class Agent:
         # Whatever still runs is killed: a drain is bounded, whatever the kernels do.
         await self.executors.close()
         self._heartbeat.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Until each has ended: a publish may swallow a cancel (broker/stopping.py).
+        await asyncio.gather(*(stop_task(task) for task in list(self._tasks)))
         await self._acks.stop()
         released = self.ledger.reap(float("inf"))
         if self.conn.nc.is_connected:

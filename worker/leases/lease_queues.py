@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 import attrs
 from nats.aio.msg import Msg
 
+from vramfabric.broker.stopping import stop_task
+
 
 @attrs.define
 class TenantQueues:
@@ -61,8 +63,6 @@ class TenantQueues:
 
     async def close(self) -> None:
         """Stop serving: queued requests get no answer (their askers time out)."""
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Until each has ended: a reply's publish may swallow a cancel (broker/stopping.py).
+        await asyncio.gather(*(stop_task(task) for task in list(self._tasks.values())))
         self._queues.clear()
