@@ -25,6 +25,7 @@ import attrs
 from . import topology
 from .accounts import FABRIC_ACCOUNT, accounts, operator_user, tenant_account
 from .connection import connect
+from .server import host_port
 from .settings import BrokerSettings
 from .subjects import Subjects
 from .tenants import TenantsFile
@@ -63,7 +64,7 @@ def server_config(
     config parser reads as it is (no escaping rules of our own to get wrong).
     """
     config = {
-        "listen": f"{host}:{port}",
+        "listen": host_port(host, port),  # an IPv6 address in brackets
         "jetstream": _jetstream(tenants),
         "accounts": accounts(tenants, subjects),
     }
