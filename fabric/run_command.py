@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import attrs
 
 from vramfabric.broker.jobdriver import JobOrigin
+from vramfabric.broker.server import host_port
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.coordinator.api.fabric import Fabric, JobResult
 from vramfabric.coordinator.jobs.driver import write_origin
@@ -120,7 +121,7 @@ def serve_metrics(metrics: CoordinatorMetrics, port: int, addr: str) -> None:
         port = metrics.serve(port, addr)
     except OSError as exc:
         raise ValueError(f"metrics port {port}: {exc}") from exc
-    err.print(f"metrics: http://{addr}:{port}/metrics")
+    err.print(f"metrics: http://{host_port(addr, port)}/metrics")  # IPv6 in brackets
 
 
 async def _run(

@@ -121,7 +121,9 @@ async def serve(broker: BrokerSettings, settings: WorkerSettings, nodes: int = 1
             port = metrics.serve(settings.metrics_port, settings.metrics_addr)
         except OSError as exc:
             raise ValueError(f"metrics port {settings.metrics_port}: {exc}") from exc
-        url = f" metrics=http://{settings.metrics_addr}:{port}/metrics"
+        from vramfabric.broker.server import host_port  # an IPv6 address in brackets
+
+        url = f" metrics=http://{host_port(settings.metrics_addr, port)}/metrics"
     # Signals first: a stop must work while connecting and starting too.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

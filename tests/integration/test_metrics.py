@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import eventually, interrupt, poll_until, wait_for_line
+from tests.helpers import eventually, interrupt, kill_and_close, poll_until, wait_for_line
 from tests.integration.conftest import FabricFactory
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
@@ -231,3 +232,41 @@ def test_up_serves_worker_metrics_on_the_urls_it_prints(tmp_path: Path) -> None:
     finally:
         code = interrupt(up)
     assert code == 0
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_a_worker_on_an_ipv6_metrics_address_prints_a_url_that_scrapes(
+    broker: BrokerSettings,
+) -> None:
+    # Given a worker told to serve its metrics on ::1 (VRAMFABRIC_METRICS_ADDR)
+    env = dict(
+        os.environ,
+        VRAMFABRIC_NATS_URL=broker.url,
+        VRAMFABRIC_PREFIX=broker.prefix,
+        VRAMFABRIC_METRICS_ADDR="::1",
+    )
+    args = ["worker", "--simulate", "1x4GiB", "--node", "v6-metrics", "--metrics-port", "0"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "vramfabric", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        # When its ready line names the metrics URL (it printed "http://::1:PORT" before,
+        # which no client reads as a host and a port)
+        line = wait_for_line(worker.stdout, "worker ready", timeout_s=30)
+        (url,) = [w[8:] for w in line.split() if w.startswith("metrics=")]
+        # Then the URL brackets the address, and scraping it gets the node's exposition
+        assert url.startswith("http://[::1]:"), url
+        assert "gpu_leases_active" in families(scrape(url))
+    finally:
+        kill_and_close(worker)
