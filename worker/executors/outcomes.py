@@ -20,8 +20,11 @@ from vramfabric.broker.errors import ChunkFailed, ErrorKind, ExecutorCrashed, Vr
 from ..executor.ipc import Done
 from .layout import ExecKey
 
-# How the pool kills a process for one chunk's deadline: its other chunks are innocent.
-FOR_A_NEIGHBOUR = "executor killed: a chunk beside this one ran past its deadline"
+# How the pool kills a process for one chunk's sake (past its deadline, or its lease ended
+# under it): its other chunks are innocent.
+FOR_A_NEIGHBOUR = (
+    "executor killed: a chunk beside this one had to stop (past its deadline, or its lease ended)"
+)
 SaveCheckpoint = Callable[[bytes], Awaitable[None]]
 
 
