@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -110,3 +111,13 @@ def kill_and_close(proc: subprocess.Popen[bytes]) -> None:
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
+
+
+def has_ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1 (tests of IPv6 addresses skip without it)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -20,7 +19,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import eventually, interrupt, kill_and_close, poll_until, wait_for_line
+from tests.helpers import (
+    eventually,
+    has_ipv6_loopback,
+    interrupt,
+    kill_and_close,
+    poll_until,
+    wait_for_line,
+)
 from tests.integration.conftest import FabricFactory
 from tests.kernels_for_tests import SLEEPY, sleepy_input
 from vramfabric.broker import BrokerSettings
@@ -234,16 +240,7 @@ def test_up_serves_worker_metrics_on_the_urls_it_prints(tmp_path: Path) -> None:
     assert code == 0
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 def test_a_worker_on_an_ipv6_metrics_address_prints_a_url_that_scrapes(
     broker: BrokerSettings,
 ) -> None:

@@ -3,43 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from pathlib import Path
 
 import attrs
 import pytest
 
+from tests.authsetup import TENANTS_TOML
+from tests.helpers import has_ipv6_loopback
 from vramfabric.authserver import AuthServer
 from vramfabric.broker import auth
 from vramfabric.broker.connection import connect
 from vramfabric.broker.errors import PermissionDenied
 from vramfabric.broker.settings import BrokerSettings
 
-TENANTS = """
-[operator]
-password = "op-secret"
-[workers]
-password = "worker-secret"
-[tenants.alice]
-password = "alice-secret"
-"""
 
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 async def test_an_auth_server_on_an_ipv6_address_takes_its_tenants(tmp_path: Path) -> None:
     # Given a tenants file, and a server with auth on to listen on ::1
     path = tmp_path / "tenants.toml"
-    path.write_text(TENANTS)
+    path.write_text(TENANTS_TOML)
     base = BrokerSettings(prefix=f"v{uuid.uuid4().hex[:8]}")
     # When it starts (its generated config wrote "::1:<port>" before, which nats-server
     # refused to parse: it never became ready)
