@@ -10,6 +10,7 @@ run in twenty, on a busy 2-core machine.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 # A task still running this long after a cancel is cancelled again.
@@ -25,3 +26,8 @@ async def stop_task(task: asyncio.Task[Any]) -> BaseException | None:
     if task.cancelled():
         return None
     return task.exception()
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """`stop_task` each of `tasks` at once, until all have ended (what they raised is dropped)."""
+    await asyncio.gather(*(stop_task(task) for task in list(tasks)))

@@ -23,7 +23,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import InvalidMessage, VramfabricError
 from vramfabric.broker.messages import Lease, NodeAdvert
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.broker.stopping import stop_task
+from vramfabric.broker.stopping import stop_tasks
 
 from .adverts import Heartbeat, node_facts
 from .chunks.calls import CallService
@@ -261,7 +261,7 @@ class Agent:
         if executors is not None:
             await executors.close()
         # Until each has ended: a publish may swallow a cancel (broker/stopping.py).
-        await asyncio.gather(*(stop_task(task) for task in list(self._tasks)))
+        await stop_tasks(self._tasks)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking work, let running chunks finish for `grace_s`, release every lease."""
@@ -278,7 +278,7 @@ class Agent:
         await self.executors.close()
         self._heartbeat.stop()
         # Until each has ended: a publish may swallow a cancel (broker/stopping.py).
-        await asyncio.gather(*(stop_task(task) for task in list(self._tasks)))
+        await stop_tasks(self._tasks)
         await self._acks.stop()
         released = self.ledger.reap(float("inf"))
         if self.conn.nc.is_connected:

@@ -34,7 +34,7 @@ from vramfabric.broker.errors import (
     nats_errors,
 )
 from vramfabric.broker.messages import JobSpec, Lease
-from vramfabric.broker.stopping import stop_task
+from vramfabric.broker.stopping import stop_tasks
 from vramfabric.broker.subjects import Subjects
 
 from ..executor import ipc
@@ -81,7 +81,7 @@ class CallService:
     async def stop(self) -> None:
         """Stop every call being served (the node is stopping)."""
         # Until each has ended: a reply's publish may swallow a cancel (broker/stopping.py).
-        await asyncio.gather(*(stop_task(task) for task in list(self._serving)))
+        await stop_tasks(self._serving)
 
     async def handle(self, msg: Msg) -> None:
         """Answer one call; a bad one gets a failed CallReply naming why."""

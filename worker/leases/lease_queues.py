@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 from nats.aio.msg import Msg
 
-from vramfabric.broker.stopping import stop_task
+from vramfabric.broker.stopping import stop_tasks
 
 
 @attrs.define
@@ -64,5 +64,5 @@ class TenantQueues:
     async def close(self) -> None:
         """Stop serving: queued requests get no answer (their askers time out)."""
         # Until each has ended: a reply's publish may swallow a cancel (broker/stopping.py).
-        await asyncio.gather(*(stop_task(task) for task in list(self._tasks.values())))
+        await stop_tasks(self._tasks.values())
         self._queues.clear()
