@@ -16,6 +16,7 @@ from vramfabric.broker.errors import JobTimeout
 
 from ..jobs.driver import Heartbeat
 from .jobrun import JobRun
+from .teardown import end_run
 
 
 async def drive(
@@ -58,7 +59,7 @@ async def drive(
         raise
     finally:
         try:
-            run.series = await run.end(outcome, value)
+            run.series = await end_run(run, outcome, value)
         finally:
             await beat.stop()
     return value

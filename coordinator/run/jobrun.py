@@ -2,10 +2,10 @@
 
 Fabric.run prepares a job (spec, uploaded work) and drives one JobRun on a lease set of its
 own: `start` follows the job's results and dead letters and finds what an earlier run
-finished (reopening failures for `retry_failed`) and left queued, `complete` submits the
+finished (reopening failures for `retry_failed`) and left queued, and `complete` submits the
 chunks still to do through a bounded window while results are folded (leasing slices just
-before the first chunk goes out, growing the set while it runs: growth.py), and `end` takes
-everything down again, whatever ended the run.
+before the first chunk goes out, growing the set while it runs: growth.py). teardown.py
+takes everything down again, whatever ended the run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import attrs
 
 from vramfabric.broker import topology
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import CapacityExceeded, VramfabricError
+from vramfabric.broker.errors import CapacityExceeded
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.broker.stopping import stop_task
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 @attrs.define
 class JobRun:
-    """The followers, lease pool, record and timeline of one run, and their teardown."""
+    """The followers, lease pool, record and timeline of one run (teardown.py ends them)."""
 
     conn: Connection
     broker: BrokerSettings
@@ -145,7 +145,7 @@ class JobRun:
             # Nothing was leased or submitted yet: stop following, or the subscriptions
             # would outlive the failed call on the caller's connection. A consumer made stays,
             # as after a crash: nothing was delivered from it, and a rerun takes it up.
-            await self._stop_following()
+            await self.stop_following()
             raise
 
     async def _make_consumer(self) -> None:
@@ -268,56 +268,7 @@ class JobRun:
         # fleet changes (when it is the fleet that gave fewer, asking again at once is moot).
         self.growth.start(target, rest_now=first < target and len(self.pool) >= first)
 
-    async def end(self, outcome: str, value: object) -> tuple[Point, ...]:
-        """Take the run down, whatever ended it; return the timeline's samples.
-
-        Every step runs even if one before it raised (that error is raised at the end): the
-        leases go back, the followers stop, and the record says how the run ended. A
-        `stopped` run (the coordinator, not the job, is stopping) keeps its consumer and its
-        record, like a crash: a rerun resumes it.
-        """
-        self.pool.closing = True
-        died: BaseException | None = None
-        try:
-            died = await self.growth.stop()
-        finally:
-            # The leases go back while the followers stop and the record says how the run
-            # ended (round trips of their own: a tiny job's teardown was a tenth of it); the
-            # timeline's last sample comes after the leases went back, and the consumer goes
-            # once no lease is left to pull from it.
-            released, wound = await asyncio.gather(
-                self._release(), self._wind_down(outcome, value), return_exceptions=True
-            )
-            series = await self.timeline.stop()
-            if outcome != "stopped" and self.consumer_made:  # a failed or cancelled run's too
-                await self._delete_consumer()
-        for error in (died, released, wound):
-            if isinstance(error, BaseException):
-                raise error
-        return series
-
-    async def _release(self) -> None:
-        t = time.perf_counter()
-        await self.pool.release()
-        self.phases["release_s"] = time.perf_counter() - t
-
-    async def _wind_down(self, outcome: str, value: object) -> None:
-        """Stop the followers and record the outcome (or, stopped, nothing)."""
-        await self._stop_following()
-        if outcome == "stopped":
-            await self.record.stop()
-        else:
-            await self.record.finish(outcome, self.results.n_ok, self.results.n_failed, value)
-
-    async def _stop_following(self) -> None:
+    async def stop_following(self) -> None:
+        """Stop following the job's results and dead letters."""
         await self.results.stop()
         await self.exhausted.stop()
-
-    async def _delete_consumer(self) -> None:
-        # Best effort: the job is done either way, and a rerun finds every result.
-        try:
-            await topology.delete_job_consumer(
-                self.conn.js, self.broker, self.spec.tenant, self.spec.job_id
-            )
-        except VramfabricError as exc:
-            log.warning("job consumer not deleted job=%s error=%s", self.spec.job_id, exc)
