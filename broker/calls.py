@@ -6,7 +6,8 @@ slot like a chunk and answers with a CallReply; nothing is stored on the way (no
 consumer or spec). The work is uploaded code named by digest, as a batch job's is. What the
 call prints comes back while it runs, as CallOutput messages on a subject the caller names
 (before the CallReply); an outcome too large for a message goes through the tenant's outputs
-object store and the CallReply names it.
+object store and the CallReply names it, and an input too large for one goes through the
+tenant's kernels store (where its code is) and the CallRequest names it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from .messages import PROTOCOL_VERSION
 from .subjects import token
 
 # What a call's input and reply may carry: the server's default max_payload less room for
-# the envelope. Larger arguments or results belong to a batch job (the object store).
+# the envelope. A larger input or outcome travels through an object store (named in the
+# message), up to MAX_CALL_INPUT_BYTES or the work's max output.
 MAX_CALL_BYTES = 1024 * 1024 - 16 * 1024
+# A call's input at most, through the store: a job's largest output (kernels/code.py's
+# DEFAULT_MAX_OUTPUT_BYTES), so that what a `%%gpu` cell sends may be as large as what it
+# brings back; well within an executor frame (worker/executor/ipc.py, 256 MiB).
+MAX_CALL_INPUT_BYTES = 64 * 2**20
 
 
 def _is_token(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
@@ -48,7 +54,15 @@ class CallRequest:
     # A fresh token of the caller's: what the call prints goes to `Subjects.call_printed(tenant,
     # printed_to)` while it runs. Empty: nothing is sent while it runs.
     printed_to: str = attrs.field(default="", validator=_is_empty_or_token)
+    # An input over MAX_CALL_BYTES: its object in the tenant's kernels store (`input` is
+    # then empty), read by the node and deleted by the caller after the reply.
+    input_ref: str = attrs.field(default="", validator=_is_empty_or_token)
     v: int = PROTOCOL_VERSION
+
+    def __attrs_post_init__(self) -> None:
+        """An input is carried or named, not both."""
+        if self.input_ref and self.input:
+            raise ValueError("a call names its input's object or carries it, not both")
 
 
 @attrs.frozen

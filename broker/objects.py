@@ -54,11 +54,14 @@ def chunk_bytes_for(max_payload_bytes: int) -> int:
     return max(4096, min(MAX_CHUNK_BYTES, max_payload_bytes - _CHUNK_MARGIN_BYTES))
 
 
-async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | None:
+async def read_object(
+    js: JetStreamContext, bucket: str, name: str, max_bytes: int | None = None
+) -> bytes | None:
     """The object's bytes, or None if the store holds no such (undeleted) object.
 
     Raises:
-        ValueError: the chunks do not add up to the size or digest the meta records.
+        ValueError: the chunks do not add up to the size or digest the meta records, or the
+            meta records more than `max_bytes` (nothing of it is read then).
         StaleRead: fewer chunks are stored than the meta records (a replica behind).
         TransientError: a batch of chunks did not come in time.
     """
@@ -72,6 +75,8 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
         if info.get("deleted") or not info.get("nuid"):
             return None
         size, n_chunks = int(info.get("size") or 0), int(info.get("chunks") or 0)
+        if max_bytes is not None and size > max_bytes:
+            raise ValueError(f"object {name} in {bucket} is {size} bytes; at most {max_bytes}")
         chunks = Subjects.object_chunks(bucket, str(info["nuid"]))
         data = await _read_chunks(js, stream, chunks, size, n_chunks)
     digest = str(info.get("digest") or "")
@@ -83,7 +88,7 @@ async def read_object(js: JetStreamContext, bucket: str, name: str) -> bytes | N
 
 
 async def read_written_object(
-    js: JetStreamContext, retry: CallRetry, bucket: str, name: str
+    js: JetStreamContext, retry: CallRetry, bucket: str, name: str, max_bytes: int | None = None
 ) -> bytes | None:
     """An object a message says was written; None if it is still absent at `retry`'s deadline.
 
@@ -91,11 +96,12 @@ async def read_written_object(
     acknowledged to the writer: an object absent, or short of its chunks, is read again.
 
     Raises:
-        ValueError: the chunks do not add up to the size or digest the meta records.
+        ValueError: the chunks do not add up to the size or digest the meta records, or it
+            is over `max_bytes`.
     """
 
     async def present() -> bytes:
-        data = await read_object(js, bucket, name)
+        data = await read_object(js, bucket, name, max_bytes)
         if data is None:
             raise StaleRead(f"no object {name} in {bucket}")
         return data

@@ -73,6 +73,11 @@ class JetStreamNames:
         return f"{self.prefix}_out_{token(tenant, 'tenant')}"
 
     @staticmethod
+    def call_input_object(call: str) -> str:
+        """Name of one call's input in its tenant's kernels store (`call`: a fresh token)."""
+        return f"call-input-{token(call, 'call')}"
+
+    @staticmethod
     def output_object(job: str, index: int) -> str:
         """Name of one chunk's output in its tenant's outputs store."""
         return f"{token(job, 'job')}.{int(index)}"

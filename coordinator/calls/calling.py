@@ -5,7 +5,9 @@ its first call's CallRequest, so nothing a call prints is missed; each CallOutpu
 to the running call's `on_output` as it arrives (one call of a block runs at a time). The
 node publishes them on the same connection as its reply, and before it, so they are all in
 when the reply is. An outcome too large for a reply was put in the tenant's outputs store:
-it is read from there, and deleted (a call leaves nothing stored).
+it is read from there, and deleted (a call leaves nothing stored). An input too large for a
+request is put in the tenant's kernels store first (`put_input`), named in the request, and
+deleted once the call has ended (`forget_input`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from vramfabric.broker.errors import (
     from_nats,
     nats_errors,
 )
-from vramfabric.broker.objects import read_written_object
+from vramfabric.broker.objects import chunk_bytes_for, read_written_object, write_object
 
 from ..jobs.work import JobWork, upload
 
@@ -193,3 +195,25 @@ async def forget_work(runner: Runner, work: JobWork) -> None:
             await store.delete(work.digest)
     except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs
         log.warning("work not deleted digest=%s error=%s", work.digest[:12], exc)
+
+
+async def put_input(runner: Runner, data: bytes) -> str:
+    """Put a call's input in the tenant's kernels store under a fresh name; the name."""
+    broker, tenant = runner.broker, runner.tenant
+    await buckets.kernels_store(runner.conn.js, broker, tenant)  # made if it is not there
+    name = broker.subjects.call_input_object(uuid.uuid4().hex)
+    chunk_bytes = chunk_bytes_for(runner.conn.nc.max_payload)
+    await write_object(
+        runner.conn.js, broker.subjects.kernels_store(tenant), name, data, chunk_bytes
+    )
+    return name
+
+
+async def forget_input(runner: Runner, name: str) -> None:
+    """Delete a call's input from the kernels store (best effort: `vramfabric gc` would)."""
+    try:
+        store = await buckets.kernels_store(runner.conn.js, runner.broker, runner.tenant)
+        with nats_errors():
+            await store.delete(name)
+    except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs
+        log.warning("call input not deleted object=%s error=%s", name, exc)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from vramfabric.broker.calls import MAX_CALL_BYTES, CallReply, CallRequest
+from vramfabric.broker.calls import MAX_CALL_BYTES, MAX_CALL_INPUT_BYTES, CallReply, CallRequest
 from vramfabric.broker.errors import (
     ChunkFailed,
     ChunkTimeout,
@@ -42,7 +42,9 @@ from ..leases.leasing import LeasePool
 from .calling import (
     OnOutput,
     Printer,
+    forget_input,
     forget_work,
+    put_input,
     send_call,
     to_own_streams,
     upload_work,
@@ -151,35 +153,49 @@ class GpuSession:
         on_output: OnOutput,
     ) -> Any:
         data = encode_input(payload)
-        if len(data) > MAX_CALL_BYTES:
+        if len(data) > MAX_CALL_INPUT_BYTES:
             raise TypeError(
-                f"the call's function and arguments are {len(data)} bytes; a call carries at "
-                f"most {MAX_CALL_BYTES} (pass less, or run a batch job)"
+                f"the call's function and arguments are {len(data)} bytes pickled; a call "
+                f"carries at most {MAX_CALL_INPUT_BYTES} (pass less, or run a batch job)"
             )
         deadline_s = timeout_s or DEFAULT_CALL_TIMEOUT_S
-        lease, reply = await self._call_once(work, data, name, deadline_s, on_output)
-        if not reply.ok and reply.error_kind is ErrorKind.LEASE_EXPIRED and not reply.started:
-            # Taken back before this block heard of it: nothing ran. Lease a slice again
-            # (`_held`), and send the call there.
-            self.pool.leases.pop(lease.lease_id, None)
-            lease, reply = await self._call_once(work, data, name, deadline_s, on_output)
+        # Past a message's size the input goes through the kernels store, once for both sends.
+        ref = await put_input(self.runner, data) if len(data) > MAX_CALL_BYTES else ""
+        try:
+            sent = (b"", ref) if ref else (data, "")
+            lease, reply = await self._call_once(work, sent, name, deadline_s, on_output)
+            if not reply.ok and reply.error_kind is ErrorKind.LEASE_EXPIRED and not reply.started:
+                # Taken back before this block heard of it: nothing ran. Lease a slice again
+                # (`_held`), and send the call there.
+                self.pool.leases.pop(lease.lease_id, None)
+                lease, reply = await self._call_once(work, sent, name, deadline_s, on_output)
+        finally:
+            if ref:
+                await asyncio.shield(forget_input(self.runner, ref))
         self.calls += 1
         if not reply.ok:
             raise _error_of(reply, lease, deadline_s)
         return outcome(reply.output or b"")
 
     async def _call_once(
-        self, work: JobWork, data: bytes, name: str, deadline_s: float, on_output: OnOutput
+        self,
+        work: JobWork,
+        sent: tuple[bytes, str],
+        name: str,
+        deadline_s: float,
+        on_output: OnOutput,
     ) -> tuple[Lease, CallReply]:
+        """Send the call once; `sent` is its input, or the name of the object holding it."""
         lease = await self._held()
         req = CallRequest(
             lease_id=lease.lease_id,
             name=name[:200],
             digest=work.digest,
             python=work.python,
-            input=data,
+            input=sent[0],
             timeout_s=deadline_s,
             printed_to=self.printer.token,
+            input_ref=sent[1],
         )
         wait_s = deadline_s + _REPLY_MARGIN_S
         reply = await send_call(self.runner, lease.node, req, wait_s, self.printer, on_output)

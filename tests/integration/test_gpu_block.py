@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
+from vramfabric.broker.calls import MAX_CALL_INPUT_BYTES
 from vramfabric.broker.errors import LeaseExpired
 from vramfabric.coordinator.calls.remote import RemoteTraceback
 
@@ -172,3 +174,26 @@ async def test_a_value_larger_than_a_message_comes_back_and_leaves_nothing_store
     s = fabric.broker.subjects
     info = await fabric.conn.js.stream_info(s.object_stream(s.outputs_store("default")))
     assert info.state.messages <= 1  # at most the delete marker of the object's meta
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_an_argument_larger_than_the_limit_is_refused_before_anything_is_sent(
+    agent_factory: AgentFactory, fabric_factory: FabricFactory
+) -> None:
+    # Given a block on a node
+    agent = await agent_factory("n1", simulate="1x4GiB", allow_code=True)
+    fabric = await fabric_factory()
+    async with fabric.gpu() as gpu:
+        # When a call's argument pickles past the 64 MiB a call carries
+        with pytest.raises(TypeError, match=f"carries at most {MAX_CALL_INPUT_BYTES}"):
+            await gpu.run(digest_of, bytes(MAX_CALL_INPUT_BYTES))
+        # Then nothing of it ran or was stored, and the slice still serves calls
+        assert agent.ledger.is_busy(gpu.lease.lease_id) is False  # type: ignore[union-attr]
+        assert await gpu.run(digest_of, b"abc") == digest_of(b"abc")
+    s = fabric.broker.subjects
+    store = await fabric.conn.js.object_store(s.kernels_store("default"))
+    names = [info.name for info in await store.list(ignore_deletes=True)]
+    assert not [n for n in names if n.startswith("call-input-")]

@@ -164,7 +164,8 @@ STREAMING = [
     'with fabric.gpu(vram="1GiB") as gpu:\n    print(gpu.run(waits, GO2))',
     "%%gpu\nblob = bytes(range(256)) * (5 * 2**20 // 256)\nz = 6\nz * 7",
     "print(len(blob), blob[:3], z)",
-    "%%gpu\nz * 7;",
+    "%%gpu\nsent = len(blob) + z\nz * 7;",
+    "print(sent)",
 ]
 
 
@@ -185,7 +186,7 @@ class GoOnSeeingFirst(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
 
-async def test_gpu_cells_stream_prints_show_their_last_value_and_bring_back_5_mib(
+async def test_gpu_cells_stream_prints_show_their_last_value_and_move_5_mib_both_ways(
     agent_factory: AgentFactory,
     broker: BrokerSettings,
     monkeypatch: pytest.MonkeyPatch,
@@ -208,8 +209,10 @@ async def test_gpu_cells_stream_prints_show_their_last_value_and_bring_back_5_mi
     results = [o for o in nb.cells[4].outputs if o.output_type == "execute_result"]
     assert [r.data["text/plain"] for r in results] == ["42"]
     assert not [o for o in nb.cells[6].outputs if o.output_type == "execute_result"]
-    # And a 5 MiB assignment came back (five times what a message carries)
+    # And a 5 MiB assignment came back (five times what a message carries), and went out
+    # again to a cell that read it
     assert out[5] == "5242880 b'\\x00\\x01\\x02' 6\n"
+    assert out[7] == "5242886\n"
     assert agent.ledger.leased_bytes == 0
 
 

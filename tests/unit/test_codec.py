@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vramfabric.broker import codec
+from vramfabric.broker.calls import CallRequest
 from vramfabric.broker.errors import ErrorKind, InvalidMessage, RemoteError
 from vramfabric.broker.messages import (
     PROTOCOL_VERSION,
@@ -38,6 +39,11 @@ def raw(body: Any) -> bytes:
     """Pack a hand-built payload the way a (possibly hostile) peer would."""
     data: bytes = msgpack.packb(body, use_bin_type=True)
     return data
+
+
+def _call_body(**fields: Any) -> bytes:
+    body = {"t": "CallRequest", "v": 1, "lease_id": "r1-0", "name": "f", "digest": "d"}
+    return raw({**body, "python": "3.11", "input": b"", "timeout_s": 60.0, **fields})
 
 
 def lease_request_body(**overrides: Any) -> dict[str, Any]:
@@ -121,6 +127,8 @@ WIRE_OBJECTS = [
         ack_wait_s=12.0,
     ),
     JobSpec(tenant="acme", kernel="k", kernel_digest="d", n_chunks=1, job_id="explicit-id"),
+    CallRequest("r1-0", "f", "ab" * 32, "3.11", b"\x80\x05N.", 60.0, printed_to="p1"),
+    CallRequest("r1-0", "f", "ab" * 32, "3.11", b"", 60.0, input_ref="call-input-0a1b"),
     Chunk(job="j1", index=41, input=bytes(range(256))),
     ChunkResult(
         job="j1",
@@ -390,6 +398,18 @@ REJECTED = [
         raw({"t": "ChunkResult", "v": 1, "job": "j", "index": 0, "ok": 1}),
         "field 'ok'",
         id="int-for-bool",
+    ),
+    pytest.param(
+        CallRequest,
+        _call_body(input=b"x", input_ref="call-input-1"),
+        "not both",
+        id="call-input-carried-and-named",
+    ),
+    pytest.param(
+        CallRequest,
+        _call_body(input_ref="../vf_kernels_bob/x"),
+        "input_ref",
+        id="call-input-name-not-a-token",
     ),
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vramfabric.broker.messages import MAX_LEASE_COUNT
@@ -9,6 +11,13 @@ from vramfabric.broker.settings import DEFAULT_URL, BrokerSettings
 from vramfabric.broker.subjects import token
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.worker.node.settings import WorkerSettings
+
+
+@pytest.fixture(autouse=True)
+def _no_local_fabric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A home of its own: a `vramfabric up` of this user (found there) is no default here."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+
 
 # --- BrokerSettings ----------------------------------------------------------------------
 

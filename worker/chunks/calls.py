@@ -7,7 +7,8 @@ The call runs in the lease's executor like a chunk (the agent never runs users' 
 slot held while it runs; its answer is the reply. What it prints comes in from the executor
 on the call's checkpoint channel (a call has no checkpoints of its own) and goes straight on
 to the caller's `printed_to` subject. An outcome too large for a reply goes to the tenant's
-outputs store, named in the reply; the caller reads and deletes it. A call whose lease is
+outputs store, named in the reply; the caller reads and deletes it. An input too large for
+a request comes from the tenant's kernels store, named in the request. A call whose lease is
 released or expires while it runs is stopped (its executor killed), so the VRAM comes back
 at once, not when the function ends.
 """
@@ -197,7 +198,12 @@ class CallService:
     ) -> bytes:
         runner = self.runner
         work = await runner.loader.work_of(spec)
-        frame = ipc.Run(input=req.input, attempt=1, job=lease.job, index=0)
+        data = (
+            await runner.store.call_input(spec.tenant, req.input_ref)
+            if req.input_ref
+            else req.input
+        )
+        frame = ipc.Run(input=data, attempt=1, job=lease.job, index=0)
         runner.ledger.occupy(lease.lease_id)
         try:
             output, _cost_s = await runner.pool.run(lease, work, frame, req.timeout_s, printer)

@@ -3,7 +3,8 @@
 Checkpoints live in the `vf_checkpoints` bucket under `<tenant>.<job>.<chunk>`; a chunk that
 is delivered again gets the last one back, and it is deleted once the chunk's result is
 stored. Outputs too large to travel inside a result go to the tenant's outputs object store
-as `<job>.<chunk>`, and the result names the object.
+as `<job>.<chunk>`, and the result names the object. An interactive call's input too large
+for its request is read from the tenant's kernels store, where the caller put it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from vramfabric.broker import buckets
+from vramfabric.broker.calls import MAX_CALL_INPUT_BYTES
 from vramfabric.broker.connection import Connection
-from vramfabric.broker.errors import nats_errors
-from vramfabric.broker.objects import chunk_bytes_for, write_object
+from vramfabric.broker.errors import ChunkFailed, ErrorKind, nats_errors
+from vramfabric.broker.objects import chunk_bytes_for, read_written_object, write_object
 from vramfabric.broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @attrs.define
 class ChunkStore:
-    """Checkpoints and outputs of chunks, for one node."""
+    """Checkpoints and outputs of chunks, and large call inputs, for one node."""
 
     conn: Connection
     broker: BrokerSettings
@@ -77,3 +79,20 @@ class ChunkStore:
         js = self.conn.tenant_js(tenant)
         await write_object(js, bucket, name, output, chunk_bytes_for(self.conn.nc.max_payload))
         return name
+
+    async def call_input(self, tenant: str, name: str) -> bytes:
+        """A call's input that its caller put in the tenant's kernels store (broker/calls.py).
+
+        Raises:
+            ChunkFailed: no such object, or one over MAX_CALL_INPUT_BYTES (left unread) or
+                not what its meta records.
+        """
+        bucket = self.broker.subjects.kernels_store(tenant)
+        js, retry = self.conn.tenant_js(tenant), self.broker.call_retry
+        try:
+            data = await read_written_object(js, retry, bucket, name, MAX_CALL_INPUT_BYTES)
+        except ValueError as exc:
+            raise ChunkFailed(ErrorKind.INVALID_MESSAGE, f"call input: {exc}") from None
+        if data is None:
+            raise ChunkFailed(ErrorKind.INVALID_MESSAGE, f"call input {name} is not in {bucket}")
+        return data

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import time
 from typing import Any
 
 import pytest
 
 from tests.authsetup import PROMPT_S, AuthFabric, refused
 from tests.integration.auth.test_hostile import direct_get_to
-from vramfabric.broker.calls import CallReply, CallRequest
+from vramfabric.broker.calls import MAX_CALL_INPUT_BYTES, CallReply, CallRequest
 from vramfabric.broker.codec import decode, encode
+from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CodeRefused, ErrorKind
 from vramfabric.kernels.code import encode_input, python_version
 from vramfabric.worker import Agent
@@ -90,3 +94,69 @@ async def test_a_tenant_maps_and_breaks_off_leaving_nothing(
     op = await connections(auth_fabric.operator_of("alice"))
     info = await op.js.stream_info(s.work_stream("alice"))
     assert info.state.messages == 0 and info.state.consumer_count == 0
+
+
+# Module data a function reads: pickled with the function (by value), past a message's size.
+TABLE = bytes(range(256)) * (3 * 2**20 // 256)
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest_of_table() -> str:
+    return hashlib.sha256(TABLE).hexdigest()
+
+
+async def call_inputs_stored(conn: Connection, tenant: str) -> set[str]:
+    """The call inputs in the tenant's kernels store (objects not deleted)."""
+    s = conn.settings.subjects
+    store = await conn.js.object_store(s.kernels_store(tenant))
+    return {i.name for i in await store.list(ignore_deletes=True) if i.name.startswith("call-")}
+
+
+async def test_a_call_carries_arguments_larger_than_a_message_and_leaves_nothing_stored(
+    auth_fabric: AuthFabric, connections: Any, agents: Any, fabrics: Any
+) -> None:
+    # Given alice in a block on a node that runs code, with auth on
+    await agents("n-large-in", simulate="1x4GiB", allow_code=True)
+    alice = await fabrics("alice")
+    op = await connections(auth_fabric.operator_of("alice"))
+    before = await call_inputs_stored(op, "alice")  # another test's hostile object, if any
+    data = os.urandom(5 * 2**20)  # five times what a message carries
+    async with alice.gpu() as gpu:
+        # When a call takes 5 MiB of arguments, and another reads 3 MiB of module data
+        assert await gpu.run(digest_of, data) == digest_of(data)
+        assert await gpu.run(digest_of_table) == digest_of(TABLE)
+        # Then both ran on the slice with what was sent, and small calls still go as before
+        assert await gpu.run(digest_of, b"x") == digest_of(b"x")
+    # And no input is left in her store once the calls returned
+    assert await call_inputs_stored(op, "alice") == before
+
+
+async def test_a_call_naming_an_input_past_the_limit_is_refused_unread(
+    auth_fabric: AuthFabric, connections: Any, agents: Any, fabrics: Any
+) -> None:
+    # Given alice in a block, and an object in her kernels store whose meta says 10 GiB
+    s = auth_fabric.base.subjects
+    agent: Agent = await agents("n-huge-in", simulate="1x4GiB", allow_code=True)
+    alice = await fabrics("alice")
+    bucket, name = s.kernels_store("alice"), s.call_input_object("huge")
+    meta = {"name": name, "bucket": bucket, "nuid": "n0", "size": 10 * 2**30, "chunks": 10**4}
+    await alice.conn.js.publish(s.object_meta(bucket, name), json.dumps(meta).encode())
+    async with alice.gpu() as gpu:
+        lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
+        ask = CallRequest(
+            lease.lease_id, "f", gpu.work.digest, python_version(), b"", 10.0, input_ref=name
+        )
+        # When she sends a call naming it
+        t0 = time.monotonic()
+        msg = await alice.conn.nc.request(s.call("alice", lease.node), encode(ask), timeout=10)
+        reply = decode(CallReply, msg.data)
+        # Then the node refuses it at once from the meta, reading none of it
+        assert not reply.ok and reply.error_kind is ErrorKind.INVALID_MESSAGE
+        assert f"at most {MAX_CALL_INPUT_BYTES}" in (reply.error or "")
+        assert time.monotonic() - t0 < PROMPT_S
+        # And the node and her slice go on serving her
+        assert not agent.ledger.is_busy(lease.lease_id)
+        assert await gpu.run(digest_of, b"y") == digest_of(b"y")
