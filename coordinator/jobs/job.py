@@ -120,7 +120,10 @@ class Job:
         sizes = list(map(len, data))
         if sizes and max(sizes) > limit:
             index = next(i for i, n in enumerate(sizes) if n > limit)
-            raise ValueError(f"chunk {first + index} is {sizes[index]} bytes; the limit is {limit}")
+            raise ValueError(
+                f"chunk {first + index} is {sizes[index]} bytes; the limit is {limit} (an input "
+                "travels in a message: pass a smaller piece, or a path the function reads)"
+            )
         return data, sizes
 
     def input_limit(self, settings: CoordinatorSettings) -> int:
