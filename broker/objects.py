@@ -220,6 +220,28 @@ async def write_object(
                 log.info("earlier chunks of %s left in %s (no purge right)", name, bucket)
 
 
+async def purge_object(js: JetStreamContext, bucket: str, name: str) -> None:
+    """Remove object `name` of `bucket`, chunks and meta, leaving no delete marker behind.
+
+    nats-py's `delete` keeps a marker per name for watchers (none here): an object made
+    per call and deleted after it would leave one for every call. Nothing if it is absent.
+
+    Raises:
+        VramfabricError: the stream refused (a workers' user may not purge: broker/auth.py).
+    """
+    stream = Subjects.object_stream(bucket)
+    meta_subject = Subjects.object_meta(bucket, name)
+    with nats_errors():
+        try:
+            meta = await js.get_msg(stream, subject=meta_subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return
+        nuid = json.loads(meta.data or b"{}").get("nuid")
+        if nuid:  # the chunks first: a meta left alone reads as an object short of chunks
+            await js.purge_stream(stream, subject=Subjects.object_chunks(bucket, str(nuid)))
+        await js.purge_stream(stream, subject=meta_subject)
+
+
 async def _write_chunks(
     js: JetStreamContext, subject: str, data: bytes, chunk_bytes: int
 ) -> tuple[bytes, int]:

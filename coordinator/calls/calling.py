@@ -36,7 +36,12 @@ from vramfabric.broker.errors import (
     from_nats,
     nats_errors,
 )
-from vramfabric.broker.objects import chunk_bytes_for, read_written_object, write_object
+from vramfabric.broker.objects import (
+    chunk_bytes_for,
+    purge_object,
+    read_written_object,
+    write_object,
+)
 
 from ..jobs.work import JobWork, upload
 
@@ -173,9 +178,7 @@ async def _take_stored(runner: Runner, name: str) -> bytes:
     if data is None:
         raise InvalidMessage("call outcome", f"no object {name} in {bucket}")
     try:
-        store = await buckets.outputs_store(runner.conn.js, broker, tenant)
-        with nats_errors():
-            await store.delete(name)
+        await purge_object(runner.conn.js, bucket, name)
     except VramfabricError as exc:  # recorded: logged (the object stays in the store)
         log.warning("call outcome not deleted object=%s error=%s", name, exc)
     return data
@@ -210,10 +213,9 @@ async def put_input(runner: Runner, data: bytes) -> str:
 
 
 async def forget_input(runner: Runner, name: str) -> None:
-    """Delete a call's input from the kernels store (best effort: `vramfabric gc` would)."""
+    """Remove a call's input from the kernels store (best effort: `vramfabric gc` would)."""
     try:
-        store = await buckets.kernels_store(runner.conn.js, runner.broker, runner.tenant)
-        with nats_errors():
-            await store.delete(name)
+        bucket = runner.broker.subjects.kernels_store(runner.tenant)
+        await purge_object(runner.conn.js, bucket, name)
     except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs
         log.warning("call input not deleted object=%s error=%s", name, exc)
