@@ -193,9 +193,8 @@ async def upload_work(runner: Runner, work: JobWork) -> bool:
 async def forget_work(runner: Runner, work: JobWork) -> None:
     """Delete `work` from the tenant's kernels store (best effort: `vramfabric gc` would)."""
     try:
-        store = await buckets.kernels_store(runner.conn.js, runner.broker, runner.tenant)
-        with nats_errors():
-            await store.delete(work.digest)
+        bucket = runner.broker.subjects.kernels_store(runner.tenant)
+        await purge_object(runner.conn.js, bucket, work.digest)
     except VramfabricError as exc:  # recorded: logged; housekeeping removes unnamed blobs
         log.warning("work not deleted digest=%s error=%s", work.digest[:12], exc)
 
