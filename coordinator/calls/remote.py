@@ -20,9 +20,13 @@ import cloudpickle
 
 from vramfabric.broker.errors import ErrorKind, RemoteError
 from vramfabric.kernels.by_value import dumps_by_value
-from vramfabric.kernels.code import Context, encode_input, wants_context
+from vramfabric.kernels.code import DEFAULT_MAX_OUTPUT_BYTES, Context, encode_input, wants_context
 
 from .printed import sent_while_running
+
+# A call's value at most, pickled: `apply`'s output limit (a job's default, call_work) less
+# room for the node's own pickle of apply's bytes around it.
+MAX_VALUE_BYTES = DEFAULT_MAX_OUTPUT_BYTES - 2**10
 
 
 class RemoteTraceback(Exception):
@@ -76,9 +80,19 @@ def apply_fn(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Contex
             return _raised(exc)
     try:
         # As cloudpickle would pickle it, at a fraction of the cost for plain values.
-        return encode_input(("ok", value))
+        data = encode_input(("ok", value))
     except Exception as exc:  # recorded: the caller learns the value could not travel
         return _raised(TypeError(f"the function's result cannot be pickled: {exc}"))
+    if len(data) > MAX_VALUE_BYTES:
+        # Said here, in the caller's terms: past it the node would fail the call naming a
+        # limit of `apply`'s that the caller has no way to set.
+        return _raised(
+            ValueError(
+                f"the call's value is {len(data)} bytes pickled; a call brings back at most "
+                f"{MAX_VALUE_BYTES} (return less, or write it where the caller can read it)"
+            )
+        )
+    return data
 
 
 def _raised(exc: BaseException) -> bytes:

@@ -15,7 +15,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import AgentFactory, FabricFactory
 from vramfabric.broker.calls import MAX_CALL_INPUT_BYTES
 from vramfabric.broker.errors import LeaseExpired
-from vramfabric.coordinator.calls.remote import RemoteTraceback
+from vramfabric.coordinator.calls.remote import MAX_VALUE_BYTES, RemoteTraceback
 
 
 def leased_bytes(agent: object) -> int:
@@ -181,7 +181,7 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-async def test_an_argument_larger_than_the_limit_is_refused_before_anything_is_sent(
+async def test_an_argument_or_a_value_past_the_limit_is_refused_by_name(
     agent_factory: AgentFactory, fabric_factory: FabricFactory
 ) -> None:
     # Given a block on a node
@@ -194,6 +194,10 @@ async def test_an_argument_larger_than_the_limit_is_refused_before_anything_is_s
         # Then nothing of it ran or was stored, and the slice still serves calls
         assert agent.ledger.is_busy(gpu.lease.lease_id) is False  # type: ignore[union-attr]
         assert await gpu.run(digest_of, b"abc") == digest_of(b"abc")
+        # And a value past what a call brings back is refused by the same name, not `apply`'s
+        with pytest.raises(ValueError, match=f"brings back at most {MAX_VALUE_BYTES}"):
+            await gpu.run(large, MAX_CALL_INPUT_BYTES)
+        assert await gpu.run(digest_of, b"d") == digest_of(b"d")
     s = fabric.broker.subjects
     store = await fabric.conn.js.object_store(s.kernels_store("default"))
     names = [info.name for info in await store.list(ignore_deletes=True)]

@@ -10,7 +10,7 @@ import pytest
 
 from vramfabric.broker import RemoteError, VramfabricError
 from vramfabric.broker.errors import ErrorKind
-from vramfabric.coordinator.calls.remote import RemoteTraceback, apply_fn, outcome
+from vramfabric.coordinator.calls.remote import MAX_VALUE_BYTES, RemoteTraceback, apply_fn, outcome
 from vramfabric.kernels.code import Context
 
 
@@ -51,3 +51,10 @@ def test_an_exception_that_does_not_travel_is_the_one_remote_error_of_the_error_
     # And its cause carries the frames as they were where it was raised
     assert isinstance(info.value.__cause__, RemoteTraceback)
     assert "fails_unloadably" in info.value.__cause__.text
+
+
+def test_a_value_past_what_a_call_brings_back_is_refused_in_the_callers_terms() -> None:
+    # A value of 64 MiB pickles past the limit: the caller hears why, not `apply`'s own limit
+    with pytest.raises(ValueError, match=f"a call brings back at most {MAX_VALUE_BYTES}"):
+        ran(bytes, MAX_VALUE_BYTES)
+    assert len(ran(bytes, MAX_VALUE_BYTES - 64)) == MAX_VALUE_BYTES - 64
