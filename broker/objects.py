@@ -45,13 +45,16 @@ _WRITE_WINDOW = 8
 _CHUNK_MARGIN_BYTES = 4096
 # The largest chunk written, whatever the server allows (a chunk is one message in memory).
 MAX_CHUNK_BYTES = 8 * 2**20
+# The smallest chunk written (`chunk_bytes_for`): a bounded read refuses an object whose meta
+# records more chunks than its size allows at this size (each costs the reader a message).
+MIN_CHUNK_BYTES = 4096
 # How long one batch of chunks or one acknowledgement may take before the call fails.
 _WAIT_S = 30.0
 
 
 def chunk_bytes_for(max_payload_bytes: int) -> int:
     """The chunk size to write objects with, under a server's max payload."""
-    return max(4096, min(MAX_CHUNK_BYTES, max_payload_bytes - _CHUNK_MARGIN_BYTES))
+    return max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, max_payload_bytes - _CHUNK_MARGIN_BYTES))
 
 
 async def read_object(
@@ -61,7 +64,8 @@ async def read_object(
 
     Raises:
         ValueError: the chunks do not add up to the size or digest the meta records, or the
-            meta records more than `max_bytes` (nothing of it is read then).
+            meta records more than `max_bytes`, or more chunks than its size allows (nothing
+            of it is read then).
         StaleRead: fewer chunks are stored than the meta records (a replica behind).
         TransientError: a batch of chunks did not come in time.
     """
@@ -77,6 +81,8 @@ async def read_object(
         size, n_chunks = int(info.get("size") or 0), int(info.get("chunks") or 0)
         if max_bytes is not None and size > max_bytes:
             raise ValueError(f"object {name} in {bucket} is {size} bytes; at most {max_bytes}")
+        if max_bytes is not None and n_chunks > size // MIN_CHUNK_BYTES + 1:
+            raise ValueError(f"object {name} in {bucket}: {n_chunks} chunks for {size} bytes")
         chunks = Subjects.object_chunks(bucket, str(info["nuid"]))
         data = await _read_chunks(js, stream, chunks, size, n_chunks)
     digest = str(info.get("digest") or "")

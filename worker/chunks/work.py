@@ -24,12 +24,18 @@ from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.settings import BrokerSettings
 from vramfabric.kernels.code import python_version
 
+from ..executor import ipc
 from ..executors.work import Work
 
 log = logging.getLogger(__name__)
 
-# Blobs kept in memory per node (least recently used go first).
+# Blobs kept in memory per node, and their bytes (least recently used go first; the one
+# just fetched stays whatever its size).
 MAX_CACHED_BLOBS = 64
+MAX_CACHED_BLOB_BYTES = 2**30
+# A blob larger than this could not reach an executor (its `load` frame must fit one frame):
+# one is refused from its meta, unread, rather than read whole into this agent's memory.
+MAX_BLOB_BYTES = ipc.MAX_FRAME_BYTES - 2**20
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,7 +120,7 @@ class WorkLoader:
         try:
             with nats_errors():
                 found = await self.read_blob(tenant, digest)
-        except ValueError as exc:  # its chunks do not add up to what its meta says
+        except ValueError as exc:  # its meta is over the limit, or its chunks do not match it
             raise KernelLoadFailed(f"kernel blob {digest[:12]}: {exc}") from None
         if found is None:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} is not in the store")
@@ -122,8 +128,11 @@ class WorkLoader:
         if hashlib.sha256(data).hexdigest() != digest:
             raise KernelLoadFailed(f"kernel blob {digest[:12]} does not match its digest")
         self._blobs[key] = data
-        while len(self._blobs) > MAX_CACHED_BLOBS:
-            self._blobs.popitem(last=False)
+        cached = sum(map(len, self._blobs.values()))
+        while len(self._blobs) > 1 and (
+            len(self._blobs) > MAX_CACHED_BLOBS or cached > MAX_CACHED_BLOB_BYTES
+        ):
+            cached -= len(self._blobs.popitem(last=False)[1])
         log.info("kernel blob fetched digest=%s bytes=%d", digest[:12], len(data))
         return data
 
@@ -135,6 +144,7 @@ def blob_reader(
 
     async def read(tenant: str, digest: str) -> bytes | None:
         bucket = broker.subjects.kernels_store(tenant)
-        return await read_written_object(conn.tenant_js(tenant), broker.call_retry, bucket, digest)
+        js, retry = conn.tenant_js(tenant), broker.call_retry
+        return await read_written_object(js, retry, bucket, digest, MAX_BLOB_BYTES)
 
     return read

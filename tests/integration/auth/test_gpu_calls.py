@@ -18,6 +18,7 @@ from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CodeRefused, ErrorKind
 from vramfabric.kernels.code import encode_input, python_version
 from vramfabric.worker import Agent
+from vramfabric.worker.chunks.work import MAX_BLOB_BYTES
 
 
 def whoami() -> int:
@@ -108,6 +109,14 @@ def digest_of_table() -> str:
     return hashlib.sha256(TABLE).hexdigest()
 
 
+async def fake_object(conn: Connection, tenant: str, name: str, size: int) -> None:
+    """A meta in the tenant's kernels store saying object `name` is `size` bytes (no chunks)."""
+    s = conn.settings.subjects
+    bucket = s.kernels_store(tenant)
+    meta = {"name": name, "bucket": bucket, "nuid": "n0", "size": size, "chunks": 10**4}
+    await conn.js.publish(s.object_meta(bucket, name), json.dumps(meta).encode())
+
+
 async def kernels_messages(conn: Connection, tenant: str) -> int:
     """Messages in the tenant's kernels store: chunks and metas, delete markers included."""
     s = conn.settings.subjects
@@ -142,9 +151,8 @@ async def test_a_call_naming_an_input_past_the_limit_is_refused_unread(
     s = auth_fabric.base.subjects
     agent: Agent = await agents("n-huge-in", simulate="1x4GiB", allow_code=True)
     alice = await fabrics("alice")
-    bucket, name = s.kernels_store("alice"), s.call_input_object("huge")
-    meta = {"name": name, "bucket": bucket, "nuid": "n0", "size": 10 * 2**30, "chunks": 10**4}
-    await alice.conn.js.publish(s.object_meta(bucket, name), json.dumps(meta).encode())
+    name = s.call_input_object("huge")
+    await fake_object(alice.conn, "alice", name, 10 * 2**30)
     async with alice.gpu() as gpu:
         lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
         ask = CallRequest(
@@ -161,3 +169,28 @@ async def test_a_call_naming_an_input_past_the_limit_is_refused_unread(
         # And the node and her slice go on serving her
         assert not agent.ledger.is_busy(lease.lease_id)
         assert await gpu.run(digest_of, b"y") == digest_of(b"y")
+
+
+async def test_a_call_naming_code_past_what_an_executor_takes_is_refused_unread(
+    auth_fabric: AuthFabric, agents: Any, fabrics: Any
+) -> None:
+    # Given alice in a block, and a "code blob" in her kernels store whose meta says 10 GiB
+    s = auth_fabric.base.subjects
+    agent: Agent = await agents("n-huge-code", simulate="1x4GiB", allow_code=True)
+    alice = await fabrics("alice")
+    digest = "ab" * 32
+    await fake_object(alice.conn, "alice", digest, 10 * 2**30)
+    async with alice.gpu() as gpu:
+        lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
+        ask = CallRequest(lease.lease_id, "f", digest, python_version(), encode_input(None), 10.0)
+        # When she sends a call naming it as its work
+        t0 = time.monotonic()
+        msg = await alice.conn.nc.request(s.call("alice", lease.node), encode(ask), timeout=10)
+        reply = decode(CallReply, msg.data)
+        # Then the node refuses it at once from the meta, instead of reading 10 GiB into memory
+        assert not reply.ok and reply.error_kind is ErrorKind.LOAD_FAILED
+        assert f"at most {MAX_BLOB_BYTES}" in (reply.error or "")
+        assert time.monotonic() - t0 < PROMPT_S
+        # And it goes on serving her
+        assert not agent.ledger.is_busy(lease.lease_id)
+        assert await gpu.run(digest_of, b"z") == digest_of(b"z")
