@@ -30,6 +30,9 @@ from .errors import KernelArgumentError
 
 # Outputs of a callable are capped at this by default (large ones travel by object store).
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 2**20
+# Uploaded work (a pickled callable, CUDA source) at most: a node hands it to an executor in
+# one frame (worker/executor/ipc.py, 256 MiB) and refuses a larger blob unread.
+MAX_BLOB_BYTES = 255 * 2**20
 
 
 def python_version() -> str:

@@ -19,6 +19,7 @@ from vramfabric.broker.messages import NodeAdvert
 from vramfabric.kernels import Kernel
 from vramfabric.kernels.code import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    MAX_BLOB_BYTES,
     PythonCode,
     encode_inputs,
     python_version,
@@ -80,7 +81,8 @@ def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Jo
     """Describe a kernel, a CUDA kernel or a callable for shipping.
 
     Raises:
-        TypeError: `work` is none of these, or a callable that cannot be pickled.
+        TypeError: `work` is none of these, or a callable that cannot be pickled or pickles
+            past what a node loads (MAX_BLOB_BYTES).
     """
     if isinstance(work, Kernel):
         return JobWork("builtin", work.name, work.digest, work.output_dtype, work.max_input_bytes)
@@ -96,6 +98,12 @@ def job_work(work: Work, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Jo
         )
     code = PythonCode.of(work, max_output_bytes)
     blob = code.to_blob()
+    if len(blob) > MAX_BLOB_BYTES:
+        # Said here, before anything is uploaded: every node would refuse it (load_failed).
+        raise TypeError(
+            f"{code.name} pickles to {len(blob)} bytes with the data it reads; a node loads at "
+            f"most {MAX_BLOB_BYTES} (pass large data as inputs, or read it from a file)"
+        )
     return JobWork(
         "python", code.name[:200], code.digest, "pickle", 2**63, blob=blob, python=python_version()
     )

@@ -13,6 +13,7 @@ from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.retry import RetryPolicy
 from vramfabric.broker.subjects import token
 from vramfabric.coordinator.jobs import job as job_module
+from vramfabric.coordinator.jobs import work as work_module
 from vramfabric.coordinator.jobs.job import InputsDigest, Job
 from vramfabric.coordinator.settings import CoordinatorSettings
 from vramfabric.kernels import HYPERPARAM_EVAL
@@ -200,3 +201,20 @@ def test_the_spec_keeps_its_encoded_inputs_for_one_run_while_small(
     big.spec(SETTINGS)
     assert big.take_encoded(limit) is None
     assert big.spec(SETTINGS).inputs_digest == job.spec(SETTINGS).inputs_digest
+
+
+MODULE_DATA = bytes(range(256)) * 80  # 20 KiB read by the function: pickled with it
+
+
+def reads_module_data(x: int) -> int:
+    return len(MODULE_DATA) + x
+
+
+def test_a_function_pickling_past_what_a_node_loads_is_refused_when_the_job_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(work_module, "MAX_BLOB_BYTES", 10_000)
+    with pytest.raises(TypeError, match=r"pickles to \d+ bytes .*a node loads at most 10000"):
+        Job(reads_module_data, [1])
+    monkeypatch.setattr(work_module, "MAX_BLOB_BYTES", 100_000)
+    assert Job(reads_module_data, [1]).work.blob is not None

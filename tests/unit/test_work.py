@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vramfabric.broker.messages import JobSpec
-from vramfabric.kernels.code import python_version
+from vramfabric.kernels.code import MAX_BLOB_BYTES, python_version
 from vramfabric.worker.chunks.work import refusal
 from vramfabric.worker.executor import ipc
 
@@ -77,3 +77,8 @@ def test_an_oversized_frame_header_is_refused() -> None:
 def test_a_frame_that_is_not_a_known_frame_is_refused(body: bytes) -> None:
     with pytest.raises(ValueError, match="frame"):
         ipc.decode(body)
+
+
+def test_the_largest_uploaded_work_fits_an_executor_frame() -> None:
+    # A node hands a blob to an executor in one `load` frame, beside its other fields
+    assert MAX_BLOB_BYTES + 2**20 <= ipc.MAX_FRAME_BYTES

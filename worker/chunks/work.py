@@ -22,9 +22,8 @@ from vramfabric.broker.errors import CodeRefused, KernelLoadFailed, nats_errors
 from vramfabric.broker.messages import JobSpec
 from vramfabric.broker.objects import read_written_object
 from vramfabric.broker.settings import BrokerSettings
-from vramfabric.kernels.code import python_version
+from vramfabric.kernels.code import MAX_BLOB_BYTES, python_version
 
-from ..executor import ipc
 from ..executors.work import Work
 
 log = logging.getLogger(__name__)
@@ -33,9 +32,6 @@ log = logging.getLogger(__name__)
 # just fetched stays whatever its size).
 MAX_CACHED_BLOBS = 64
 MAX_CACHED_BLOB_BYTES = 2**30
-# A blob larger than this could not reach an executor (its `load` frame must fit one frame):
-# one is refused from its meta, unread, rather than read whole into this agent's memory.
-MAX_BLOB_BYTES = ipc.MAX_FRAME_BYTES - 2**20
 
 
 @functools.lru_cache(maxsize=256)
@@ -145,6 +141,8 @@ def blob_reader(
     async def read(tenant: str, digest: str) -> bytes | None:
         bucket = broker.subjects.kernels_store(tenant)
         js, retry = conn.tenant_js(tenant), broker.call_retry
+        # A larger one could not reach an executor: refused from its meta, rather than read
+        # whole into this agent's memory.
         return await read_written_object(js, retry, bucket, digest, MAX_BLOB_BYTES)
 
     return read

@@ -16,9 +16,8 @@ from vramfabric.broker.calls import MAX_CALL_INPUT_BYTES, CallReply, CallRequest
 from vramfabric.broker.codec import decode, encode
 from vramfabric.broker.connection import Connection
 from vramfabric.broker.errors import CodeRefused, ErrorKind
-from vramfabric.kernels.code import encode_input, python_version
+from vramfabric.kernels.code import MAX_BLOB_BYTES, encode_input, python_version
 from vramfabric.worker import Agent
-from vramfabric.worker.chunks.work import MAX_BLOB_BYTES
 
 
 def whoami() -> int:
