@@ -35,6 +35,7 @@ PLACEHOLDERS = {
     "nuidid": "<nuid>",
     "_gpu_name": "_gpu_<name>",
     "callid": "<call>",
+    "tokenid": "<token>",
 }
 
 
@@ -89,6 +90,7 @@ def code_names() -> set[str]:
         s.chunk_retry_msg_id("jobid", 515151, "runid", 626262),
         s.outputs_store("tenantid"),
         s.output_object("jobid", 424242),
+        s.call_input_object("tokenid"),
         s.checkpoints_bucket(),
         s.quota_bucket(),
         s.checkpoint_key("tenantid", "jobid", 424242),
