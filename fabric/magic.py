@@ -4,10 +4,11 @@
     %%gpu --vram 4GiB
     y = model(x)          # runs on the slice; `x` went there, `y` comes back
 
-The cell's source and the notebook variables it reads go to the slice (cloudpickle); it runs
-there in an executor process; what it prints comes back as it prints it; the variables it
-assigns (up to a job's output limit in all, through the object store past a message's size)
-come back when it ends, and the value of its last expression is displayed, as in any cell.
+The cell's source and the notebook variables it reads go to the slice (cloudpickle; up to a
+call's limit on its arguments, through the object store past a message's size); it runs there
+in an executor process; what it prints comes back as it prints it; the variables it assigns
+(up to a job's output limit in all, through the object store past a message's size) come
+back when it ends, and the value of its last expression is displayed, as in any cell.
 A variable that cannot be sent is named in a clear error before anything is leased.
 The slice is held only while the cell runs (released on an exception and on Ctrl-C too).
 The fabric is reached with `vramfabric.connect()` (settings from the environment) at the
