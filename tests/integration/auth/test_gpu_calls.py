@@ -108,6 +108,11 @@ def digest_of_table() -> str:
     return hashlib.sha256(TABLE).hexdigest()
 
 
+# A refusal from the meta alone comes well before the 30 s a read of an absent object (or of
+# chunks that never come) retries for.
+UNREAD_S = 3 * PROMPT_S
+
+
 async def fake_object(conn: Connection, tenant: str, name: str, size: int) -> None:
     """A meta in the tenant's kernels store saying object `name` is `size` bytes (no chunks)."""
     s = conn.settings.subjects
@@ -164,7 +169,7 @@ async def test_a_call_naming_an_input_past_the_limit_is_refused_unread(
         # Then the node refuses it at once from the meta, reading none of it
         assert not reply.ok and reply.error_kind is ErrorKind.INVALID_MESSAGE
         assert f"at most {MAX_CALL_INPUT_BYTES}" in (reply.error or "")
-        assert time.monotonic() - t0 < PROMPT_S
+        assert time.monotonic() - t0 < UNREAD_S
         # And the node and her slice go on serving her
         assert not agent.ledger.is_busy(lease.lease_id)
         assert await gpu.run(digest_of, b"y") == digest_of(b"y")
@@ -189,7 +194,7 @@ async def test_a_call_naming_code_past_what_an_executor_takes_is_refused_unread(
         # Then the node refuses it at once from the meta, instead of reading 10 GiB into memory
         assert not reply.ok and reply.error_kind is ErrorKind.LOAD_FAILED
         assert f"at most {MAX_BLOB_BYTES}" in (reply.error or "")
-        assert time.monotonic() - t0 < PROMPT_S
+        assert time.monotonic() - t0 < UNREAD_S
         # And it goes on serving her
         assert not agent.ledger.is_busy(lease.lease_id)
         assert await gpu.run(digest_of, b"z") == digest_of(b"z")
