@@ -201,8 +201,8 @@ async def forget_work(runner: Runner, work: JobWork) -> None:
 
 async def put_input(runner: Runner, data: bytes) -> str:
     """Put a call's input in the tenant's kernels store under a fresh name; the name."""
+    # The store is there: the block's work was uploaded to it before its first call.
     broker, tenant = runner.broker, runner.tenant
-    await buckets.kernels_store(runner.conn.js, broker, tenant)  # made if it is not there
     name = broker.subjects.call_input_object(uuid.uuid4().hex)
     chunk_bytes = chunk_bytes_for(runner.conn.nc.max_payload)
     await write_object(

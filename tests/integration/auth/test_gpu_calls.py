@@ -148,53 +148,38 @@ async def test_a_call_carries_arguments_larger_than_a_message_and_leaves_nothing
         assert await kernels_messages(op, "alice") == before
 
 
-async def test_a_call_naming_an_input_past_the_limit_is_refused_unread(
-    auth_fabric: AuthFabric, connections: Any, agents: Any, fabrics: Any
+@pytest.mark.parametrize(
+    ("named", "kind", "limit"),
+    [
+        ("input", ErrorKind.INVALID_MESSAGE, MAX_CALL_INPUT_BYTES),
+        ("work", ErrorKind.LOAD_FAILED, MAX_BLOB_BYTES),
+    ],
+)
+async def test_a_call_naming_an_object_past_its_limit_is_refused_unread(
+    auth_fabric: AuthFabric, agents: Any, fabrics: Any, named: str, kind: ErrorKind, limit: int
 ) -> None:
     # Given alice in a block, and an object in her kernels store whose meta says 10 GiB
     s = auth_fabric.base.subjects
-    agent: Agent = await agents("n-huge-in", simulate="1x4GiB", allow_code=True)
+    agent: Agent = await agents(f"n-huge-{named}", simulate="1x4GiB", allow_code=True)
     alice = await fabrics("alice")
-    name = s.call_input_object("huge")
+    name = s.call_input_object("huge") if named == "input" else "ab" * 32
     await fake_object(alice.conn, "alice", name, 10 * 2**30)
     async with alice.gpu() as gpu:
         lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
-        ask = CallRequest(
-            lease.lease_id, "f", gpu.work.digest, python_version(), b"", 10.0, input_ref=name
-        )
-        # When she sends a call naming it
-        t0 = time.monotonic()
-        msg = await alice.conn.nc.request(s.call("alice", lease.node), encode(ask), timeout=10)
-        reply = decode(CallReply, msg.data)
-        # Then the node refuses it at once from the meta, reading none of it
-        assert not reply.ok and reply.error_kind is ErrorKind.INVALID_MESSAGE
-        assert f"at most {MAX_CALL_INPUT_BYTES}" in (reply.error or "")
-        assert time.monotonic() - t0 < UNREAD_S
-        # And the node and her slice go on serving her
-        assert not agent.ledger.is_busy(lease.lease_id)
-        assert await gpu.run(digest_of, b"y") == digest_of(b"y")
-
-
-async def test_a_call_naming_code_past_what_an_executor_takes_is_refused_unread(
-    auth_fabric: AuthFabric, agents: Any, fabrics: Any
-) -> None:
-    # Given alice in a block, and a "code blob" in her kernels store whose meta says 10 GiB
-    s = auth_fabric.base.subjects
-    agent: Agent = await agents("n-huge-code", simulate="1x4GiB", allow_code=True)
-    alice = await fabrics("alice")
-    digest = "ab" * 32
-    await fake_object(alice.conn, "alice", digest, 10 * 2**30)
-    async with alice.gpu() as gpu:
-        lease = gpu.pool.leases[next(iter(gpu.pool.leases))]
-        ask = CallRequest(lease.lease_id, "f", digest, python_version(), encode_input(None), 10.0)
-        # When she sends a call naming it as its work
+        # When she sends a call naming it as its input, or as its work (code by digest)
+        if named == "input":
+            ask = CallRequest(
+                lease.lease_id, "f", gpu.work.digest, python_version(), b"", 10.0, input_ref=name
+            )
+        else:
+            ask = CallRequest(lease.lease_id, "f", name, python_version(), encode_input(0), 10.0)
         t0 = time.monotonic()
         msg = await alice.conn.nc.request(s.call("alice", lease.node), encode(ask), timeout=10)
         reply = decode(CallReply, msg.data)
         # Then the node refuses it at once from the meta, instead of reading 10 GiB into memory
-        assert not reply.ok and reply.error_kind is ErrorKind.LOAD_FAILED
-        assert f"at most {MAX_BLOB_BYTES}" in (reply.error or "")
+        assert not reply.ok and reply.error_kind is kind
+        assert f"at most {limit}" in (reply.error or "")
         assert time.monotonic() - t0 < UNREAD_S
-        # And it goes on serving her
+        # And the node and her slice go on serving her
         assert not agent.ledger.is_busy(lease.lease_id)
-        assert await gpu.run(digest_of, b"z") == digest_of(b"z")
+        assert await gpu.run(digest_of, b"y") == digest_of(b"y")
